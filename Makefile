@@ -1,0 +1,35 @@
+# Two commands do all set-up on a fresh machine: `make serve` (the demo server) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: setup serve test lint format bench-orchestrator
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	# The CPU wheel of torch lies on disk; installing it first keeps every resolver from pulling another build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+serve: setup
+	$(VENV)/bin/omnistage serve --host $(HOST) --port $(PORT)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: lint
+	$(PY) -m pytest -q -p no:cacheprovider
+
+format: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+bench-orchestrator: setup
+	$(PY) benchmarks/orchestrator_overhead.py

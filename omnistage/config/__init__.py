@@ -1,0 +1,1 @@
+"""Configuration: pipeline topology (Python, model-owned) and deployment (YAML, user-owned)."""

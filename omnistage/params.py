@@ -1,0 +1,121 @@
+"""Per-stage request parameters.
+
+They are msgspec Structs so they cross process boundaries without pickling; construction validates,
+so a bad value fails where the user wrote it, with the field's name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from omnistage.errors import InvalidRequestError
+
+
+def _check(ok: bool, field: str, rule: str) -> None:
+    if not ok:
+        raise InvalidRequestError(f"{field} {rule}", param=field)
+
+
+class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, tag=True):
+    """Sampling for autoregressive stages (LLM, thinker, talker)."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: disabled
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: list[str] = msgspec.field(default_factory=list)
+    stop_token_ids: list[int] = msgspec.field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    detokenize: bool = True
+    skip_special_tokens: bool = True
+    allowed_token_ids: list[int] | None = None
+    # Dotted paths "module:function" (callables are accepted in-process and converted by the stage).
+    logits_processors: list[Any] = msgspec.field(default_factory=list)
+    return_hidden_states: bool = False
+    extra: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check(self.n >= 1, "n", "must be >= 1")
+        _check(self.temperature >= 0.0, "temperature", "must be >= 0")
+        _check(0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]")
+        _check(self.top_k >= -1, "top_k", "must be -1, 0 (disabled) or a positive integer")
+        _check(0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]")
+        _check(self.repetition_penalty > 0.0, "repetition_penalty", "must be > 0")
+        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]")
+        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]")
+        _check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens", "must be >= 1")
+        _check(self.min_tokens >= 0, "min_tokens", "must be >= 0")
+        _check(
+            self.max_tokens is None or self.min_tokens <= self.max_tokens,
+            "min_tokens",
+            "must be <= max_tokens",
+        )
+        _check(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", "must be in [0, 20]")
+        _check(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-5 or self.top_k == 1
+
+
+class DiffusionParams(msgspec.Struct, kw_only=True, omit_defaults=True, tag=True):
+    """Generation settings for diffusion stages. `None` means: the pipeline's own default."""
+
+    negative_prompt: str | None = None
+    height: int | None = None
+    width: int | None = None
+    num_frames: int | None = None
+    fps: int | None = None
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    true_cfg_scale: float | None = None
+    seed: int | None = None
+    num_outputs: int = 1
+    # Input images for edit / image-to-video: PIL images, uint8 HWC arrays or encoded bytes.
+    image: list[Any] | None = None
+    mask: Any = None
+    output_format: str | None = None  # png | jpeg | webp | mp4 | wav | tensor
+    # Step caching: None, "cache_dit" or "teacache", with its options.
+    cache: str | None = None
+    cache_options: dict[str, Any] = msgspec.field(default_factory=dict)
+    # Extra keyword arguments passed to the diffusers pipeline call.
+    extra: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("height", "width", "num_frames", "fps", "num_inference_steps"):
+            value = getattr(self, name)
+            _check(value is None or value >= 1, name, "must be >= 1")
+        _check(self.num_outputs >= 1, "num_outputs", "must be >= 1")
+        _check(self.guidance_scale is None or self.guidance_scale >= 0, "guidance_scale", "must be >= 0")
+        _check(self.cache in (None, "cache_dit", "teacache"), "cache", "must be one of cache_dit, teacache")
+        _check(
+            self.output_format in (None, "png", "jpeg", "webp", "mp4", "wav", "tensor"),
+            "output_format",
+            "must be one of png, jpeg, webp, mp4, wav, tensor",
+        )
+
+
+class GenerationParams(msgspec.Struct, kw_only=True, omit_defaults=True, tag=True):
+    """Settings for single-pass generation stages (vocoders, codec decoders)."""
+
+    seed: int | None = None
+    extra: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+StageParams = SamplingParams | DiffusionParams | GenerationParams
+
+
+def params_class(kind: str) -> type[StageParams]:
+    """The parameter type a stage kind takes."""
+    return {"ar": SamplingParams, "diffusion": DiffusionParams}.get(str(kind), GenerationParams)

@@ -1,0 +1,1 @@
+"""Model families: one module each, registering its pipeline topology and input processors."""

@@ -1,0 +1,1 @@
+"""The stage-graph runtime: orchestrator, request state, stage clients and pools."""

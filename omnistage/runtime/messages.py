@@ -1,0 +1,175 @@
+"""Typed control messages between the orchestrator and stage workers, and their msgpack codec.
+
+Tensors, arrays and images anywhere inside a message travel as msgpack extension values: small ones
+inline (header + bytes in the frame), large ones through the shared-memory connector (header only).
+Nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from omnistage.connectors.base import Payload, TensorRef, decode_payload, encode_payload, is_payload_value
+from omnistage.connectors.shm import ShmConnector
+from omnistage.outputs import StageOutput, StageResult
+from omnistage.params import DiffusionParams, GenerationParams, SamplingParams
+
+INLINE_EXT = 1
+SHM_EXT = 2
+INLINE_LIMIT = 64 * 1024  # below this many bytes a payload rides in the message frame
+
+Params = SamplingParams | DiffusionParams | GenerationParams | None
+
+
+# ---- orchestrator → worker -------------------------------------------------------------------------
+class StartRequest(msgspec.Struct, tag=True):
+    """Full handoff (or an entry stage): run the input processor on the prompt and finished upstream."""
+
+    request_id: str
+    prompt: Any
+    params: Params
+    upstream: dict[int, StageResult] = {}
+
+
+class ChunkInput(msgspec.Struct, tag=True):
+    """Async-chunk handoff: one more upstream delta (the first one also carries prompt and params)."""
+
+    request_id: str
+    chunk: StageOutput
+    last: bool
+    prompt: Any = None
+    params: Params = None
+    first: bool = False
+
+
+class Abort(msgspec.Struct, tag=True):
+    request_ids: list[str]
+
+
+class Call(msgspec.Struct, tag=True):
+    """A control RPC on the engine (stats, sleep, wake_up...)."""
+
+    call_id: int
+    method: str
+    args: list[Any] = []
+
+
+class Shutdown(msgspec.Struct, tag=True):
+    pass
+
+
+# ---- worker → orchestrator -------------------------------------------------------------------------
+class Ready(msgspec.Struct, tag=True):
+    stage_id: int
+    replica: int
+    pid: int
+    info: dict[str, Any] = {}
+
+
+class Outputs(msgspec.Struct, tag=True):
+    stage_id: int
+    replica: int
+    items: list[StageOutput]
+
+
+class CallResult(msgspec.Struct, tag=True):
+    stage_id: int
+    replica: int
+    call_id: int
+    result: Any = None
+    error: str | None = None
+
+
+class StartupFailed(msgspec.Struct, tag=True):
+    stage_id: int
+    replica: int
+    error: str
+
+
+ToWorker = StartRequest | ChunkInput | Abort | Call | Shutdown
+FromWorker = Ready | Outputs | CallResult | StartupFailed
+
+_HEADER = msgspec.msgpack.Encoder()
+_HEADER_DEC = msgspec.msgpack.Decoder(TensorRef)
+
+
+class Codec:
+    """Encodes one direction of traffic.
+
+    `connector`: where large payloads go when encoding (None: always inline, the socket transport).
+    `lazy`: decode shared-memory references as `Payload` handles instead of reading them (the
+    orchestrator routes references, it does not touch bulk data); `on_payload` sees each handle.
+    """
+
+    def __init__(
+        self,
+        decode_type: Any,
+        connector: ShmConnector | None = None,
+        lazy: bool = False,
+        on_payload: Callable[[Payload], None] | None = None,
+        inline_limit: int = INLINE_LIMIT,
+    ):
+        self.connector = connector
+        self.lazy = lazy
+        self.on_payload = on_payload
+        self.inline_limit = inline_limit
+        self.reader = ShmConnector()
+        self._enc = msgspec.msgpack.Encoder(enc_hook=self._enc_hook)
+        self._dec = msgspec.msgpack.Decoder(decode_type, ext_hook=self._ext_hook)
+
+    def encode(self, msg: Any) -> bytes:
+        return self._enc.encode(msg)
+
+    def decode(self, data: bytes) -> Any:
+        return self._dec.decode(data)
+
+    def _enc_hook(self, obj: Any) -> Any:
+        if isinstance(obj, Payload):
+            return msgspec.msgpack.Ext(SHM_EXT, _HEADER.encode(obj.ref))
+        if is_payload_value(obj):
+            ref, data = encode_payload(obj)
+            if self.connector is not None and ref.nbytes > self.inline_limit:
+                return msgspec.msgpack.Ext(SHM_EXT, _HEADER.encode(self.connector.put(obj)))
+            header = _HEADER.encode(ref)
+            return msgspec.msgpack.Ext(INLINE_EXT, struct.pack("<I", len(header)) + header + bytes(data))
+        raise TypeError(
+            f"cannot send a {type(obj).__name__} between stages (tensors, arrays, images, "
+            "msgspec structs and plain data only)"
+        )
+
+    def _ext_hook(self, code: int, data: memoryview) -> Any:
+        if code == INLINE_EXT:
+            (n,) = struct.unpack_from("<I", data)
+            ref = _HEADER_DEC.decode(data[4 : 4 + n])
+            return decode_payload(ref, data[4 + n :])
+        if code == SHM_EXT:
+            ref = _HEADER_DEC.decode(data)
+            if self.lazy:
+                handle = Payload(ref)
+                if self.on_payload:
+                    self.on_payload(handle)
+                return handle
+            return self.reader.get(ref)
+        raise ValueError(f"unknown payload extension {code}")
+
+
+def iter_payloads(obj: Any):
+    """Every `Payload` handle inside a decoded structure."""
+    if isinstance(obj, Payload):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from iter_payloads(v)
+    elif isinstance(obj, list | tuple):
+        for v in obj:
+            yield from iter_payloads(v)
+    elif isinstance(obj, StageOutput):
+        yield from iter_payloads(obj.tensors)
+        yield from iter_payloads(obj.data)
+    elif isinstance(obj, StageResult):
+        yield from iter_payloads(obj.chunks)
+        yield from iter_payloads(obj.data)

@@ -1,0 +1,1 @@
+"""Per-stage engines (AR, generation, diffusion) and the worker loop that drives them."""

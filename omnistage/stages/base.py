@@ -1,0 +1,94 @@
+"""The contract every stage engine meets, and what the worker hands it.
+
+Engines are synchronous and single-threaded: the worker loop owns all I/O and calls `step()` while
+`has_work()`; an engine never touches sockets, connectors or other stages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from omnistage.outputs import StageOutput, StageResult
+
+if TYPE_CHECKING:
+    from omnistage.config.deploy import StageDeploy
+    from omnistage.config.pipeline import StageSpec
+
+
+@dataclasses.dataclass
+class StageRequest:
+    """One request as a stage engine sees it, built by the stage's input processor.
+
+    `streaming_input=True` means more input arrives later through `add_chunk` (async-chunk handoff); the
+    engine parks the request while it has nothing to work on.
+    """
+
+    request_id: str
+    prompt: Any = None
+    params: Any = None
+    inputs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    streaming_input: bool = False
+    priority: int = 0
+    arrival_time: float = dataclasses.field(default_factory=time.monotonic)
+
+
+@runtime_checkable
+class StageEngine(Protocol):
+    def add_request(self, request: StageRequest) -> None: ...
+
+    def add_chunk(self, request_id: str, inputs: dict[str, Any], last: bool) -> None:
+        """More input for a request added with `streaming_input=True`."""
+        ...
+
+    def abort(self, request_id: str) -> None:
+        """Forget the request; an aborted request produces no further outputs."""
+        ...
+
+    def step(self) -> list[StageOutput]:
+        """One scheduling iteration. Outputs are deltas; a request's last output has `finished=True`."""
+        ...
+
+    def has_work(self) -> bool: ...
+
+    def sleep(self, level: int = 1) -> None: ...
+
+    def wake_up(self) -> None: ...
+
+    def stats(self) -> dict[str, Any]:
+        """At least `num_requests`: how many requests the engine holds (waiting, running or parked)."""
+        ...
+
+
+@dataclasses.dataclass
+class StageInputContext:
+    """What a stage's input processor (or chunk processor) sees.
+
+    `upstream` holds the accumulated results of the stage's input stages (all finished, in full handoff;
+    the producing stage so far, in async-chunk handoff). `state` is per-request scratch that survives
+    between chunk-processor calls. `engine` gives access to what the engine owns (tokenizer, config).
+    """
+
+    request_id: str
+    prompt: Any
+    params: Any
+    upstream: dict[int, StageResult]
+    stage: StageSpec
+    engine: Any = None
+    state: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class EngineContext:
+    """What an engine factory receives: the stage's topology entry, its resolved deploy settings and
+    where its model lives."""
+
+    stage: StageSpec
+    deploy: StageDeploy
+    model_dir: str | None
+    device: str = "cpu"
+
+    @property
+    def engine_args(self) -> dict[str, Any]:
+        return self.deploy.engine_args
