@@ -43,6 +43,8 @@ class AREngine:
         args = ctx.engine_args
         deploy = ctx.deploy
         self.device = torch.device(ctx.device)
+        if deploy.num_threads:
+            torch.set_num_threads(deploy.num_threads)
         model_dir = ctx.model_dir
         if model_dir and ctx.stage.model_subfolder:
             model_dir = os.path.join(model_dir, ctx.stage.model_subfolder)
