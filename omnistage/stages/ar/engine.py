@@ -6,7 +6,8 @@ synchronous and single-threaded; the worker loop adds and aborts requests betwee
 
 engine_args (all optional): block_size (16), enable_prefix_caching (True), kv_cache_memory_fraction (0.1
 of free memory when the deploy sets no kv_cache_bytes), max_model_len (the config's
-max_position_embeddings), scheduling_policy ("fcfs" | "priority"), seed (unseeded sampling),
+max_position_embeddings), cpu_packed_linear (True: float32 linears on CPU run on prepacked oneDNN
+weights, see packed_linear.py), scheduling_policy ("fcfs" | "priority"), seed (unseeded sampling),
 model_loader and step_embed_hook ("module:function", see loader.py and model_runner.py).
 """
 
@@ -26,6 +27,7 @@ from omnistage.stages.ar.inputs import InputRules, make_request, merge_chunk
 from omnistage.stages.ar.kv_cache import BlockManager, KVStorage, bytes_per_token, plan_num_blocks
 from omnistage.stages.ar.loader import check_loaded, load_causal_lm, resolve_dtype
 from omnistage.stages.ar.model_runner import ModelRunner, uses_mrope
+from omnistage.stages.ar.packed_linear import pack_linears, packing_available
 from omnistage.stages.ar.sampler import Sampler
 from omnistage.stages.ar.scheduler import ScheduledSeq, Scheduler
 from omnistage.stages.ar.sequence import ARRequest, Sequence, SequenceInputError, cacheable_tokens
@@ -54,6 +56,9 @@ class AREngine:
         self.model = check_loaded(
             loader(model_dir, self.dtype, str(self.device)), str(loader_ref or "default")
         )
+        if bool(args.get("cpu_packed_linear", True)) and self.device.type == "cpu" and packing_available():
+            pack_linears(self.model.decoder)
+            pack_linears(self.model.head)
         config = self.model.config
         self.tokenizer = self.model.tokenizer
         self.max_model_len = int(
