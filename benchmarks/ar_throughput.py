@@ -165,29 +165,39 @@ def bench_hf_static(model_dir: str, prompts: list[list[int]], output_len: int, d
 def memory_figure(
     model_dir: str, dtype: str, contiguous_requests: int, seq_len: int, output_len: int
 ) -> dict:
-    """Same KV budget: contiguous per-request caches of max_model_len vs paged blocks of 256-token
-    sequences, counted as the peak number of sequences the engine actually ran at once."""
-    probe = make_engine(model_dir, dtype, 1, 256, kv_bytes=None)
+    """Same KV budget: contiguous per-request caches of max_model_len against paged blocks. Counted: the
+    most sequences the engine held at once at their full `seq_len` tokens (preemption trims any excess
+    admitted early, so this is what the budget really sustains)."""
+    from omnistage.params import SamplingParams
     from omnistage.stages.ar.kv_cache import bytes_per_token
+    from omnistage.stages.base import StageRequest
 
+    probe = make_engine(model_dir, dtype, 1, 256, kv_bytes=None)
     per_token = bytes_per_token(*probe._kv_shape, probe.dtype)
     max_len = probe.max_model_len
     del probe
     budget = contiguous_requests * max_len * per_token
-    # room for the null block too, so the budget buys exactly `budget` bytes of usable blocks
-    engine = make_engine(model_dir, dtype, 1024, 8192, kv_bytes=budget + 16 * per_token)
-    n = 4 * budget // (seq_len * per_token)
-    prompts = [[(5 * i + j) % 300 + 3 for j in range(seq_len - output_len)] for i in range(n)]
+    block = 16 * per_token  # the engine's null block comes on top, so the budget buys `budget` usable bytes
+    engine = make_engine(model_dir, dtype, 1024, 8192, kv_bytes=budget + block)
+    num = 2 * budget // (seq_len * per_token)
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    for i in range(num):
+        prompt = [(5 * i + j) % 300 + 3 for j in range(seq_len - output_len)]
+        engine.add_request(StageRequest(f"m{i}", prompt, params))
+    held = 0
     t0 = time.perf_counter()
-    run_engine(engine, prompts, output_len)
+    while engine.has_work():
+        engine.step()
+        held = max(held, sum(1 for s in engine.scheduler.running if s.num_tokens >= seq_len - 1))
     stats = engine.stats()
     return {
         "kv_budget_bytes": budget,
         "max_model_len": max_len,
         "contiguous_sequences": contiguous_requests,
-        "paged_peak_sequences": stats["peak_running"],
+        "paged_held_sequences": held,
+        "paged_peak_running": stats["peak_running"],
         "sequence_tokens": seq_len,
-        "ratio": stats["peak_running"] / contiguous_requests,
+        "ratio": held / contiguous_requests,
         "preemptions": stats["num_preemptions"],
         "wall_s": time.perf_counter() - t0,
     }
@@ -245,7 +255,7 @@ def main() -> None:
         print(
             f"\nmemory: KV budget {mem['kv_budget_bytes'] / 2**20:.0f} MiB = "
             f"{mem['contiguous_sequences']} contiguous caches of {mem['max_model_len']} tokens; "
-            f"the paged engine held {mem['paged_peak_sequences']} "
+            f"the paged engine held {mem['paged_held_sequences']} "
             f"{mem['sequence_tokens']}-token sequences at once ({mem['ratio']:.1f}x)"
         )
     figures["load_average_end"] = os.getloadavg()

@@ -190,21 +190,24 @@ class AREngine:
             return outputs
         self.peak_running = max(self.peak_running, len(self.scheduler.running))
         try:
-            result = self.runner.execute(batch)
+            return outputs + self._run(batch)
         except SequenceInputError as exc:
             return outputs + self._fail(exc.seq.request, exc.cause)
-        except Exception as exc:  # noqa: BLE001 - a failed forward fails the requests in it, not the engine
-            logger.exception("AR forward failed")
+        except Exception as exc:  # noqa: BLE001 - a failed step fails the requests in it, not the engine
+            logger.exception("AR step failed")
             for ar in dict.fromkeys(item.seq.request for item in batch):
-                outputs += self._fail(ar, exc)
+                if ar.request_id in self.requests:
+                    outputs += self._fail(ar, exc)
             return outputs
+
+    def _run(self, batch: list[ScheduledSeq]) -> list[StageOutput]:
+        result = self.runner.execute(batch)
         for item in batch:
             item.seq.num_computed_tokens += item.num_tokens
             self.blocks.commit(item.seq)
-        outputs += self._sample(result.logits, result.sampling)
-        touched = dict.fromkeys(item.seq.request for item in batch)
+        outputs = self._sample(result.logits, result.sampling)
         rows = {item.seq.seq_id: (item, result.offsets[i]) for i, item in enumerate(batch)}
-        for ar in touched:
+        for ar in dict.fromkeys(item.seq.request for item in batch):
             if ar.request_id in self.requests:
                 outputs += self._request_outputs(ar, result.hidden, rows)
         return outputs

@@ -67,6 +67,11 @@ def make_request(req: StageRequest, rules: InputRules) -> ARRequest:
     params = make_params(req.params, rules)
     inputs = dict(req.inputs or {})
     embeds = _prompt_embeds(inputs.get("inputs_embeds"), rules)
+    if isinstance(req.prompt, dict) and req.prompt.get("multi_modal_data") and embeds is None:
+        raise InvalidRequestError(
+            "this stage takes text only; multi_modal_data needs a model whose input processor embeds it",
+            param="multi_modal_data",
+        )
     token_ids = _prompt_token_ids(req.prompt, rules, embeds)
     if not token_ids:
         raise InvalidRequestError("the prompt is empty", param="prompt")
