@@ -25,7 +25,7 @@ from omnistage.outputs import StageOutput
 from omnistage.stages.ar.detokenizer import IncrementalDetokenizer, decoder_for
 from omnistage.stages.ar.inputs import InputRules, make_request, merge_chunk
 from omnistage.stages.ar.kv_cache import BlockManager, KVStorage, bytes_per_token, plan_num_blocks
-from omnistage.stages.ar.loader import check_loaded, load_causal_lm, resolve_dtype
+from omnistage.stages.ar.loader import LoadedModel, check_loaded, load_causal_lm, resolve_dtype
 from omnistage.stages.ar.model_runner import ModelRunner, uses_mrope
 from omnistage.stages.ar.packed_linear import pack_linears, packing_available
 from omnistage.stages.ar.sampler import Sampler
@@ -42,63 +42,36 @@ def create_engine(ctx: EngineContext) -> AREngine:
 
 class AREngine:
     def __init__(self, ctx: EngineContext):
-        args = ctx.engine_args
-        deploy = ctx.deploy
+        args, deploy = ctx.engine_args, ctx.deploy
         self.device = torch.device(ctx.device)
         if deploy.num_threads:
             torch.set_num_threads(deploy.num_threads)
-        model_dir = ctx.model_dir
-        if model_dir and ctx.stage.model_subfolder:
-            model_dir = os.path.join(model_dir, ctx.stage.model_subfolder)
-        self.dtype = resolve_dtype(deploy.dtype, model_dir, ctx.device)
-        loader_ref = args.get("model_loader")
-        loader = load_ref(loader_ref) if loader_ref else load_causal_lm
-        self.model = check_loaded(
-            loader(model_dir, self.dtype, str(self.device)), str(loader_ref or "default")
-        )
-        if bool(args.get("cpu_packed_linear", True)) and self.device.type == "cpu" and packing_available():
-            pack_linears(self.model.decoder)
-            pack_linears(self.model.head)
+        self.model = self._load_model(ctx)
         config = self.model.config
         self.tokenizer = self.model.tokenizer
         self.max_model_len = int(
             args.get("max_model_len") or getattr(config, "max_position_embeddings", 4096)
         )
         self.block_size = int(args.get("block_size", 16))
-
-        heads = config.num_attention_heads
-        self._kv_shape = (
-            config.num_hidden_layers,
-            getattr(config, "num_key_value_heads", None) or heads,
-            getattr(config, "head_dim", None) or config.hidden_size // heads,
-        )
-        per_token = bytes_per_token(*self._kv_shape, self.dtype)
-        max_useful = deploy.max_num_seqs * -(-self.max_model_len // self.block_size) + 1
+        self._kv_shape = _kv_shape(config)
         self.num_blocks = plan_num_blocks(
-            per_token,
+            bytes_per_token(*self._kv_shape, self.dtype),
             self.block_size,
             deploy.kv_cache_bytes,
             float(args.get("kv_cache_memory_fraction", 0.1)),
             self.device,
-            max_useful,
+            max_useful_blocks=deploy.max_num_seqs * -(-self.max_model_len // self.block_size) + 1,
         )
-        self.blocks = BlockManager(
-            self.num_blocks, self.block_size, bool(args.get("enable_prefix_caching", True))
-        )
-        self.scheduler = Scheduler(
-            self.blocks,
-            deploy.max_num_seqs,
-            deploy.max_num_batched_tokens,
-            args.get("scheduling_policy", "fcfs"),
-        )
+        prefix_caching = bool(args.get("enable_prefix_caching", True))
+        self.blocks = BlockManager(self.num_blocks, self.block_size, prefix_caching)
+        policy = args.get("scheduling_policy", "fcfs")
+        self.scheduler = Scheduler(self.blocks, deploy.max_num_seqs, deploy.max_num_batched_tokens, policy)
         self.step_hook = load_ref(args.get("step_embed_hook"))
         self.runner = ModelRunner(self.model, self._new_kv(), self.block_size, self.device, self.step_hook)
         self.sampler = Sampler(self.model.eos_token_ids, seed=args.get("seed"))
         self.rules = InputRules(
             tokenizer=self.tokenizer,
-            vocab_size=self.model.embed.num_embeddings
-            if hasattr(self.model.embed, "num_embeddings")
-            else config.vocab_size,
+            vocab_size=getattr(self.model.embed, "num_embeddings", None) or config.vocab_size,
             hidden_size=config.hidden_size,
             position_rows=3 if uses_mrope(config) else 1,
             max_model_len=self.max_model_len,
@@ -111,6 +84,23 @@ class AREngine:
         self._pending: list[StageOutput] = []
         self._sleep_level: int | None = None
         self.peak_running = 0
+
+    def _load_model(self, ctx: EngineContext) -> LoadedModel:
+        model_dir = ctx.model_dir
+        if model_dir and ctx.stage.model_subfolder:
+            model_dir = os.path.join(model_dir, ctx.stage.model_subfolder)
+        self.dtype = resolve_dtype(ctx.deploy.dtype, model_dir, ctx.device)
+        ref = ctx.engine_args.get("model_loader")
+        loader = load_ref(ref) if ref else load_causal_lm
+        model = check_loaded(loader(model_dir, self.dtype, str(self.device)), str(ref or "default"))
+        if (
+            ctx.engine_args.get("cpu_packed_linear", True)
+            and self.device.type == "cpu"
+            and packing_available()
+        ):
+            pack_linears(model.decoder)
+            pack_linears(model.head)
+        return model
 
     def _new_kv(self) -> KVStorage:
         return KVStorage(
@@ -361,6 +351,14 @@ class AREngine:
             "max_model_len": self.max_model_len,
             **self.blocks.stats(),
         }
+
+
+def _kv_shape(config: Any) -> tuple[int, int, int]:
+    """(layers, KV heads, head dim) of a transformers text config."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return config.num_hidden_layers, kv_heads, head_dim
 
 
 def _generator(seed: int | None, index: int) -> torch.Generator | None:
