@@ -44,8 +44,6 @@ class AREngine:
     def __init__(self, ctx: EngineContext):
         args, deploy = ctx.engine_args, ctx.deploy
         self.device = torch.device(ctx.device)
-        if deploy.num_threads:
-            torch.set_num_threads(deploy.num_threads)
         self.model = self._load_model(ctx)
         config = self.model.config
         self.tokenizer = self.model.tokenizer
