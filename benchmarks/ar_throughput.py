@@ -179,7 +179,7 @@ def memory_figure(
     budget = contiguous_requests * max_len * per_token
     block = 16 * per_token  # the engine's null block comes on top, so the budget buys `budget` usable bytes
     engine = make_engine(model_dir, dtype, 1024, 8192, kv_bytes=budget + block)
-    num = 2 * budget // (seq_len * per_token)
+    num = budget // (seq_len * per_token) + 8  # a few more than fit, so the cache is the limit
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
     for i in range(num):
         prompt = [(5 * i + j) % 300 + 3 for j in range(seq_len - output_len)]
@@ -217,9 +217,13 @@ def main() -> None:
     parser.add_argument("--hf-single-prompts", type=int, default=4, help="requests timed one-at-a-time")
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--memory", action="store_true", help="also measure the paged-vs-contiguous figure")
+    parser.add_argument("--memory-only", action="store_true", help="only the memory figure (not a timing)")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
     parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args()
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.model is None:
         from omnistage.demo.llm import bench_llm_dir
 
@@ -234,6 +238,9 @@ def main() -> None:
         f"{args.output_len} out; torch threads {torch.get_num_threads()}; load average {load[0]:.2f}"
     )
 
+    if args.memory_only:
+        print_memory(memory_figure(args.model, args.dtype, contiguous_requests=4, seq_len=256, output_len=32))
+        return
     rows = [bench_omnistage(args.model, prompts, args.output_len, args.dtype)]
     print_row(rows[0])
     if not args.skip_hf:
@@ -250,18 +257,22 @@ def main() -> None:
         print(f"  vs {row['name']:<40} {ours / row['tok_s']:6.2f}x")
     figures = {"load_average": load, "rows": rows}
     if args.memory:
-        mem = memory_figure(args.model, args.dtype, contiguous_requests=4, seq_len=256, output_len=32)
-        figures["memory"] = mem
-        print(
-            f"\nmemory: KV budget {mem['kv_budget_bytes'] / 2**20:.0f} MiB = "
-            f"{mem['contiguous_sequences']} contiguous caches of {mem['max_model_len']} tokens; "
-            f"the paged engine held {mem['paged_held_sequences']} "
-            f"{mem['sequence_tokens']}-token sequences at once ({mem['ratio']:.1f}x)"
+        figures["memory"] = memory_figure(
+            args.model, args.dtype, contiguous_requests=4, seq_len=256, output_len=32
         )
+        print_memory(figures["memory"])
     figures["load_average_end"] = os.getloadavg()
     print(f"load average at the end {figures['load_average_end'][0]:.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2))
+
+
+def print_memory(mem: dict) -> None:
+    budget_mib = mem["kv_budget_bytes"] / 2**20
+    contiguous = f"{mem['contiguous_sequences']} contiguous caches of {mem['max_model_len']} tokens"
+    paged = f"{mem['paged_held_sequences']} {mem['sequence_tokens']}-token sequences at once"
+    extra = f"{mem['ratio']:.1f}x; {mem['preemptions']} preemptions"
+    print(f"\nmemory: KV budget {budget_mib:.0f} MiB = {contiguous}; the paged engine held {paged} ({extra})")
 
 
 def print_row(row: dict) -> None:
