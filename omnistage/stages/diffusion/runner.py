@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from omnistage.errors import InvalidRequestError
 from omnistage.stages.diffusion import offload
 from omnistage.stages.diffusion.adapters import PipelineAdapter, StepAdapter, adapter_for
 from omnistage.stages.diffusion.cache import StepCache, validate
@@ -49,6 +50,12 @@ class DiffusionRunner:
         params = self.adapter.resolve(params, images)
         policy = self.cache.policy(params)
         if policy is not None:
+            if self.executor.world_size > 1:
+                raise InvalidRequestError(
+                    "cache is not available on a CFG-parallel / Ulysses stage (caching decides per request; "
+                    "parallel ranks run shared batches)",
+                    param="cache",
+                )
             validate(policy[0], policy[1], int(params.num_inference_steps or 0))
         return params
 
