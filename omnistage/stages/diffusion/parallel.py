@@ -226,7 +226,7 @@ def load_transformers(model_dir: str, dtype: str) -> dict[str, torch.nn.Module]:
         if entry and entry[1]:
             cls = getattr(diffusers, entry[1])
             modules[name] = cls.from_pretrained(
-                model_dir, subfolder=name, torch_dtype=DTYPES.get(dtype, torch.float32)
+                model_dir, subfolder=name, dtype=DTYPES.get(dtype, torch.float32)
             )
             modules[name].eval()
     return modules

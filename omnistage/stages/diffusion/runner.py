@@ -28,7 +28,7 @@ def load_pipeline(model_dir: str, dtype: str = "auto", device: str = "cpu") -> A
     from diffusers import DiffusionPipeline
 
     torch_dtype = DTYPES.get(dtype, torch.float32 if device == "cpu" else torch.bfloat16)
-    pipe = DiffusionPipeline.from_pretrained(model_dir, torch_dtype=torch_dtype, local_files_only=True)
+    pipe = DiffusionPipeline.from_pretrained(model_dir, dtype=torch_dtype, local_files_only=True)
     pipe.set_progress_bar_config(disable=True)
     return pipe.to(device)
 
