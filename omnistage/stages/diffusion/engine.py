@@ -70,6 +70,7 @@ class DiffusionEngine:
         self.adapter = self.runner.adapter
         self.mode = args.get("execution") or ("step" if self.runner.supports_steps else "request")
         self._check_mode(args)
+        self.runner.start_executor(args)
         if self.mode == "step":
             self.scheduler = StepScheduler(
                 self.adapter.step_batch_key,

@@ -39,7 +39,12 @@ def apply(pipe: Any, engine_args: dict[str, Any]) -> None:
     vae = getattr(pipe, "vae", None)
     tiling = engine_args.get("vae_tiling")
     if tiling and vae is not None:
-        vae.enable_tiling(**(tiling if isinstance(tiling, dict) else {}))
+        try:
+            vae.enable_tiling(**(tiling if isinstance(tiling, dict) else {}))
+        except TypeError as exc:
+            raise ConfigError(
+                f"engine_args.vae_tiling: {type(vae).__name__} rejects these tile sizes: {exc}"
+            ) from exc
     if engine_args.get("vae_slicing") and vae is not None:
         vae.enable_slicing()
     if engine_args.get("offload"):

@@ -321,6 +321,20 @@ class DistributedExecutor(LocalExecutor):
                 proc.wait()
 
 
+def _check_ulysses(pipe: Any, degree: int) -> None:
+    """Refuse before spawning anything: the model needs a context-parallel plan and heads divisible by N."""
+    for name in TRANSFORMER_COMPONENTS:
+        module = getattr(pipe, name, None)
+        if module is None:
+            continue
+        if getattr(module, "_cp_plan", None) is None:
+            model = type(module).__name__
+            raise ConfigError(f"ulysses: diffusers has no _cp_plan (context-parallel plan) for {model}")
+        heads = getattr(module.config, "num_attention_heads", None)
+        if heads is not None and heads % degree:
+            raise ConfigError(f"ulysses_degree={degree} must divide the {heads} attention heads")
+
+
 def make_executor(pipe: Any, model_dir: str, dtype: str, engine_args: dict[str, Any]) -> LocalExecutor:
     cfg = int(engine_args.get("cfg_parallel_size", 1))
     ulysses = int(engine_args.get("ulysses_degree", 1))
@@ -335,6 +349,8 @@ def make_executor(pipe: Any, model_dir: str, dtype: str, engine_args: dict[str, 
     if cfg == 1 and ulysses == 1:
         return LocalExecutor(pipe)
     mode, world = ("cfg", 2) if cfg > 1 else ("ulysses", ulysses)
+    if mode == "ulysses":
+        _check_ulysses(pipe, ulysses)
     args = {k: engine_args[k] for k in ("attention_backend", "num_threads") if engine_args.get(k)}
     args.setdefault("num_threads", max(1, (os.cpu_count() or 2) // world))
     return DistributedExecutor(pipe, model_dir, dtype, mode, world, args)
