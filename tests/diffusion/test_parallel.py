@@ -17,7 +17,8 @@ REQUESTS = [
 
 def run(**engine_args):
     """Outputs of REQUESTS; on a parallel stage, also the terminal output of a request asking for caching."""
-    eng = make_engine("tiny-wan21-t2v", execution="step", **engine_args)
+    timeout = {"parallel_timeout_s": 90} if engine_args else {}
+    eng = make_engine("tiny-wan21-t2v", execution="step", **engine_args, **timeout)
     try:
         for rid, prompt, params in REQUESTS:
             eng.add_request(request(rid, prompt, **params))

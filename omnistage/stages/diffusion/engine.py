@@ -8,7 +8,8 @@ Two execution modes (`engine_args.execution`):
 
 Other `engine_args`: request_batch_max_wait_ms, step_policy (srpt | fcfs), aging_s, cache ({backend, ...} for
 every request), cfg_parallel_size, ulysses_degree, attention_backend, quantization, vae_tiling, vae_slicing,
-offload, offload_group_size, limits ({max_pixels, max_num_frames, max_inference_steps, max_outputs}).
+offload, offload_group_size, limits ({max_pixels, max_num_frames, max_inference_steps, max_outputs}),
+parallel_timeout_s (how long a parallel rank waits on the others; default 600).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ ENGINE_ARGS = {
     "offload_group_size",
     "limits",
     "num_threads",
+    "parallel_timeout_s",
 }
 
 
