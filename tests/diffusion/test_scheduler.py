@@ -123,3 +123,15 @@ def test_remove_forgets_waiting_and_running_requests():
 def test_unknown_policy_is_rejected():
     with pytest.raises(ValueError, match="step_policy"):
         StepScheduler(shape_key, volume, max_num_seqs=1, policy="random")
+
+
+def test_token_budget_caps_a_group_but_always_runs_the_most_urgent():
+    tokens = lambda r: r.params.num_frames * 10  # noqa: E731
+    s = StepScheduler(shape_key, volume, max_num_seqs=8, tokens=tokens, token_budget=100)
+    for i, done in enumerate([3, 1, 2]):  # 50 tokens each: two fit in the budget
+        s.add(prepared(req(f"r{i}", frames=5, steps=4), done_steps=done))
+    s.add(prepared(req("huge", frames=81, steps=1)))  # 810 tokens, alone over budget
+    s.admit(now=0)
+    assert [r.request_id for r in s.next_group(now=0)] == ["r0", "r2"]  # least remaining work first
+    s.remove("r0"), s.remove("r1"), s.remove("r2")
+    assert [r.request_id for r in s.next_group(now=0)] == ["huge"]

@@ -284,6 +284,16 @@ class PipelineAdapter:
         return list(tensor.split([r.params.num_outputs for r in reqs]))
 
     # ---- step mode (families that support it override)
+    def latent_tokens(self, req: DiffusionRequest) -> int:
+        """Transformer tokens one request puts into a forward (all its rows and CFG branches)."""
+        p = req.params
+        multiple = self.spatial_multiple or 1
+        tokens = (p.height or multiple) // multiple * ((p.width or multiple) // multiple)
+        if self.temporal_factor and p.num_frames:
+            tokens *= (p.num_frames - 1) // self.temporal_factor + 1
+        cfg = (p.guidance_scale or 0) > 1 or ((p.true_cfg_scale or 0) > 1 and p.negative_prompt is not None)
+        return tokens * p.num_outputs * (2 if cfg else 1)
+
     def step_batch_key(self, req: DiffusionRequest) -> tuple:
         """Requests with equal keys can share one transformer forward (same latent and text shapes)."""
         p = req.params
