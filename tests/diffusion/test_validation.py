@@ -54,6 +54,7 @@ CASES = [
     ("tiny-sd3", {**BASE, "height": 36}, "height", "multiple of 8"),
     ("tiny-sd3", {**BASE, "output_format": "mp4"}, "output_format", "png, jpeg, webp, tensor"),
     ("tiny-wan22-i2v", {**WAN}, "image", "required by WanImageToVideoPipeline"),
+    ("tiny-flux1", {**BASE, "mask": b"not used"}, "mask", "not accepted by FluxPipeline"),
 ]
 
 

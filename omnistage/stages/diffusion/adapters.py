@@ -25,6 +25,7 @@ import msgspec
 import numpy as np
 import torch
 
+from omnistage import media
 from omnistage.errors import InvalidRequestError
 from omnistage.params import DiffusionParams
 from omnistage.stages.diffusion.modality import pipeline_modality
@@ -182,6 +183,8 @@ class PipelineAdapter:
             _fail("negative_prompt", f"is not supported by {self.class_name}")
         if images and not self.accepts_image:
             _fail("image", f"is not accepted by {self.class_name} (it takes no input image)")
+        if p.mask is not None and "mask_image" not in self.call_signature:
+            _fail("mask", f"is not accepted by {self.class_name} (it does no inpainting)")
         if self.needs_image and not images:
             _fail("image", f"is required by {self.class_name}")
         if p.output_format is not None and p.output_format not in self._formats(p):
@@ -221,6 +224,8 @@ class PipelineAdapter:
         p = req.params
         solo = req.request_id if p.num_outputs > 1 else None
         image = _digest(req.images) if req.images else None
+        if p.mask is not None:
+            solo = req.request_id  # an inpainting mask belongs to one request
         return (
             p.height,
             p.width,
@@ -264,6 +269,8 @@ class PipelineAdapter:
         kwargs["generator"] = reqs[0].generator() if solo else [r.generator() for r in reqs]
         if reqs[0].images:
             kwargs["image"] = reqs[0].images[0] if len(reqs[0].images) == 1 else reqs[0].images
+        if p.mask is not None:
+            kwargs["mask_image"] = media.decode_image(p.mask)
         if "output_type" in self.call_signature:
             kwargs["output_type"] = "np"
         kwargs.update(p.extra)
