@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--long-frames", type=int, default=81)
     parser.add_argument("--short-frames", type=int, default=9)
-    parser.add_argument("--overhead-repeats", type=int, default=3)
+    parser.add_argument("--overhead-repeats", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sections", default="1,2,3,4")
     parser.add_argument("--cache-model", default=None, help="a trained Wan pipeline directory for section 4")

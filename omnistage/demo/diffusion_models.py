@@ -80,14 +80,14 @@ def _clip_config(hidden: int, projection_dim: int):
     )
 
 
-def _wan_vae():
+def _wan_vae(base_dim: int = 8, res_blocks: int = 1):
     from diffusers import AutoencoderKLWan
 
     return AutoencoderKLWan(
-        base_dim=8,
+        base_dim=base_dim,
         z_dim=WAN_Z_DIM,
         dim_mult=[1, 1, 1, 1],
-        num_res_blocks=1,
+        num_res_blocks=res_blocks,
         temperal_downsample=[False, True, True],
         latents_mean=WAN_LATENTS_MEAN,
         latents_std=WAN_LATENTS_STD,
@@ -123,8 +123,18 @@ def _wan_scheduler():
     )
 
 
-def build_wan_t2v(path: Path, *, dim: int = 24, heads: int = 2, layers: int = 2, ffn: int = 48) -> None:
-    """Wan2.1 text-to-video: UMT5 encoder, WanTransformer3DModel, AutoencoderKLWan, UniPC flow scheduler."""
+def build_wan_t2v(
+    path: Path,
+    *,
+    dim: int = 24,
+    heads: int = 2,
+    layers: int = 2,
+    ffn: int = 48,
+    vae: tuple[int, int] = (8, 1),
+) -> None:
+    """Wan2.1 text-to-video: UMT5 encoder, WanTransformer3DModel, AutoencoderKLWan, UniPC flow scheduler.
+
+    `vae` = (base_dim, res_blocks) of the VAE."""
     from diffusers import WanPipeline
 
     _seeded(0)
@@ -132,7 +142,7 @@ def build_wan_t2v(path: Path, *, dim: int = 24, heads: int = 2, layers: int = 2,
         tokenizer=toks.t5_tokenizer(),
         text_encoder=_umt5(),
         transformer=_wan_transformer(WAN_Z_DIM, dim=dim, heads=heads, layers=layers, ffn=ffn),
-        vae=_wan_vae(),
+        vae=_wan_vae(*vae),
         scheduler=_wan_scheduler(),
     )
     pipe.save_pretrained(path)
@@ -399,6 +409,11 @@ def tiny_pipeline_dir(name: str) -> Path:
 
 
 def wan_bench_dir(dim: int = 128, heads: int = 2, layers: int = 8, ffn: int = 384) -> Path:
-    """A Wan2.1-architecture checkpoint sized for the serving benchmark (random weights)."""
-    name = f"bench-wan21-t2v-d{dim}h{heads}l{layers}f{ffn}"
-    return cached_dir(name, VERSION, lambda p: build_wan_t2v(p, dim=dim, heads=heads, layers=layers, ffn=ffn))
+    """A Wan2.1-architecture checkpoint sized for the serving benchmark (random weights).
+
+    Its VAE is the smallest Wan VAE (base_dim 2, no residual blocks), so that, as in the real Wan models, the
+    denoiser and not the video decoder dominates a request's time.
+    """
+    name = f"bench-wan21-t2v-d{dim}h{heads}l{layers}f{ffn}-vae2r0"
+    build = lambda p: build_wan_t2v(p, dim=dim, heads=heads, layers=layers, ffn=ffn, vae=(2, 0))  # noqa: E731
+    return cached_dir(name, VERSION, build)
