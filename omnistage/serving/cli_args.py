@@ -40,7 +40,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         "--shutdown-grace", type=float, default=ServerSettings.shutdown_grace_s, metavar="SECONDS"
     )
     group.add_argument(
-        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+        "--max-queued-requests", type=int, default=1024, help="admission limit per model; beyond it: 429"
     )
 
 

@@ -80,13 +80,10 @@ class ServerMetrics:
         """Refresh the per-stage gauges from `AsyncOmni.stats()` and `health()`."""
         for gauge in (self.stage_requests, self.stage_queue, self.stage_kv):
             _drop_model(gauge, model)
+        names = {s.get("stage_id"): s.get("name", "") for s in health.get("stages", [])}
         for entry in _stage_entries(stats):
-            labels = (
-                model,
-                str(entry.get("stage_id", "")),
-                str(entry.get("name", entry.get("stage_name", ""))),
-                str(entry.get("replica", entry.get("replica_id", 0))),
-            )
+            stage_id = entry.get("stage_id")
+            labels = (model, str(stage_id), str(names.get(stage_id, "")), str(entry.get("replica", 0)))
             self.stage_requests.labels(*labels).set(float(entry.get("num_requests", 0) or 0))
             queue = _first(entry, QUEUE_KEYS)
             if queue is not None:
@@ -104,14 +101,11 @@ class ServerMetrics:
 
 
 def _stage_entries(stats: dict[str, Any]) -> Iterable[dict[str, Any]]:
-    stages = stats.get("stages", [])
-    if isinstance(stages, dict):
-        stages = list(stages.values())
-    for entry in stages:
-        if isinstance(entry, list):
-            yield from (e for e in entry if isinstance(e, dict))
-        elif isinstance(entry, dict):
-            yield entry
+    """Per-replica engine stats: `{"stage_id", "replica", "result": {engine stats}}` entries, flattened."""
+    for entry in stats.get("stages", []):
+        if isinstance(entry, dict):
+            result = entry.get("result")
+            yield {**entry, **result} if isinstance(result, dict) else entry
 
 
 def _first(entry: dict[str, Any], keys: tuple[str, ...]) -> float | None:

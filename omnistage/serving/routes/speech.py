@@ -72,7 +72,8 @@ def _request(body: SpeechRequest, model: ServedModel) -> tuple[Any, list]:
 def _usage(out: OmniRequestOutput | None) -> dict[str, Any]:
     text_tokens = len(out.prompt_token_ids) if out else 0
     audio_in = int(out.data.get("input_audio_tokens", 0)) if out else 0
-    output = len(out.token_ids) if out else 0
+    # Codec tokens when the pipeline reports them (a talker is not a final stage), else text tokens.
+    output = int(out.data.get("num_output_tokens", len(out.token_ids))) if out else 0
     return {
         "input_tokens": text_tokens + audio_in,
         "output_tokens": output,
