@@ -134,7 +134,8 @@ def encode_audio(samples: np.ndarray, sample_rate: int, fmt: str) -> tuple[bytes
     if rates is not None and sample_rate not in rates:
         samples, sample_rate = resample(samples, sample_rate, 48000), 48000
     buf = io.BytesIO()
-    sf.write(buf, samples, sample_rate, format=container, subtype=subtype)
+    # Quantize once, our way, so every format carries the same 16-bit samples as `pcm` and `wav`.
+    sf.write(buf, np.frombuffer(pcm16(samples), "<i2"), sample_rate, format=container, subtype=subtype)
     return buf.getvalue(), sample_rate
 
 

@@ -23,7 +23,7 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """`python -m tests.serving.launch ...` (toy pipelines) or `python -m omnistage serve ...` (model dirs)."""
+    """`python -m tests.serving.launch` (toy pipelines) or `python -m omnistage serve` (model dirs)."""
 
     def __init__(self, args: list[str], log_path: Path, *, module: str = "tests.serving.launch"):
         self.port = free_port()
