@@ -47,7 +47,7 @@ class VideoJobStore:
 
     def create(self, *, model: str, prompt: str, size: str, seconds: str) -> VideoJob:
         job = VideoJob(
-            id=f"video_{uuid.uuid4().hex}",
+            id=f"video_{time.time_ns():016x}{uuid.uuid4().hex[:12]}",  # sorts by creation time
             model=model,
             prompt=prompt,
             size=size,
@@ -74,7 +74,7 @@ class VideoJobStore:
     def list(
         self, *, after: str | None, limit: int, order: Literal["asc", "desc"]
     ) -> tuple[list[VideoJob], bool]:
-        jobs = sorted(self.jobs.values(), key=lambda j: (j.created_at, j.id), reverse=order == "desc")
+        jobs = sorted(self.jobs.values(), key=lambda j: j.id, reverse=order == "desc")
         if after is not None:
             ids = [j.id for j in jobs]
             if after not in ids:

@@ -12,8 +12,6 @@ def make_jobs(store: VideoJobStore, count: int) -> list:
     jobs = []
     for i in range(count):
         job = store.create(model="m", prompt=f"p{i}", size="64x64", seconds="1")
-        job.created_at = 1000 + i  # distinct, ordered creation times
-        store.save(job)
         jobs.append(job)
     return jobs
 
