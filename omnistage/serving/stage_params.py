@@ -20,9 +20,27 @@ from omnistage.serving.served import ServedModel
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
 
 
+# Fields only server-side code may set: they name code to import, pass arbitrary keyword arguments to a
+# pipeline, or hold in-process objects. HTTP clients must not reach them.
+PRIVATE_FIELDS = {
+    "logits_processors",
+    "extra",
+    "return_hidden_states",
+    "detokenize",
+    "image",
+    "mask",
+    "output_format",
+    "cache_options",
+}
+
+
 def make_params(cls: type[StageParams], fields: dict[str, Any], *, where: str) -> StageParams:
     """Construct with type checking; errors name the field (as `where.field` for a `stage_params` entry)."""
     prefix = f"{where}." if where else ""
+    private = sorted(set(fields) & PRIVATE_FIELDS) if where else []
+    if private:
+        field = f"{prefix}{private[0]}"
+        raise InvalidRequestError(f"{field}: cannot be set over HTTP", param=field)
     unknown = sorted(set(fields) - set(cls.__struct_fields__))
     if unknown:
         raise InvalidRequestError(

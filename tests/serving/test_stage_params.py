@@ -53,6 +53,11 @@ def test_stage_params_override_and_extend_per_stage():
         ([{"temperature": "hot"}], "stage_params[0].temperature", "Expected `float`"),
         ([{"top_p": 0.0}], "stage_params[0].top_p", "must be in (0, 1]"),
         ([None, None, {"seed": "x"}], "stage_params[2].seed", "Expected `int | null`"),
+        (
+            [{"logits_processors": ["os:system"]}],
+            "stage_params[0].logits_processors",
+            "cannot be set over HTTP",
+        ),
     ],
 )
 def test_bad_stage_params_name_the_field(stage_params, param, text):
