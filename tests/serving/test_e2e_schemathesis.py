@@ -8,7 +8,7 @@ from tests.serving.conftest import API_KEY
 
 pytestmark = pytest.mark.e2e
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-EXAMPLES_PER_OPERATION = 20
+EXAMPLES_PER_OPERATION = 8
 sent: list[tuple[str, str, int]] = []
 
 
