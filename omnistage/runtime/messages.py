@@ -159,19 +159,19 @@ class Codec:
         raise ValueError(f"unknown payload extension {code}")
 
 
-def iter_payloads(obj: Any):
-    """Every `Payload` handle inside a decoded structure."""
-    if isinstance(obj, Payload):
+def iter_payloads(obj: Any, values: bool = False):
+    """Every `Payload` handle inside a decoded structure (and, with `values`, every tensor/array too)."""
+    if isinstance(obj, Payload) or (values and is_payload_value(obj)):
         yield obj
     elif isinstance(obj, dict):
         for v in obj.values():
-            yield from iter_payloads(v)
+            yield from iter_payloads(v, values)
     elif isinstance(obj, list | tuple):
         for v in obj:
-            yield from iter_payloads(v)
+            yield from iter_payloads(v, values)
     elif isinstance(obj, StageOutput):
-        yield from iter_payloads(obj.tensors)
-        yield from iter_payloads(obj.data)
+        yield from iter_payloads(obj.tensors, values)
+        yield from iter_payloads(obj.data, values)
     elif isinstance(obj, StageResult):
-        yield from iter_payloads(obj.chunks)
-        yield from iter_payloads(obj.data)
+        yield from iter_payloads(obj.chunks, values)
+        yield from iter_payloads(obj.data, values)

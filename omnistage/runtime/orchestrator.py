@@ -337,12 +337,20 @@ class Orchestrator:
             client.codec.ledger = None
 
     def _count_edge(self, src: int, dst: int, value: StageOutput | StageResult) -> None:
-        stats = self.edge_stats.setdefault(f"{src}->{dst}", {"transfers": 0, "bytes": 0, "in_flight_s": 0.0})
+        """Per-edge traffic: tensors and references handed over, their bytes, and for shared-memory
+        payloads the time from the producer's write to this hand-over."""
+        stats = self.edge_stats.setdefault(
+            f"{src}->{dst}", {"transfers": 0, "bytes": 0, "shm_transfers": 0, "shm_in_flight_s": 0.0}
+        )
         now = time.time()
-        for p in iter_payloads(value):
+        for item in iter_payloads(value, values=True):
             stats["transfers"] += 1
-            stats["bytes"] += p.ref.nbytes
-            stats["in_flight_s"] += max(0.0, now - p.ref.created)
+            if isinstance(item, Payload):
+                stats["bytes"] += item.ref.nbytes
+                stats["shm_transfers"] += 1
+                stats["shm_in_flight_s"] += max(0.0, now - item.ref.created)
+            else:
+                stats["bytes"] += int(item.nbytes) if hasattr(item, "nbytes") else 0
 
     def materialize(self, obj: Any) -> Any:
         """The same structure with every `Payload` replaced by its data (read, not released)."""

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import torch
 import zmq
 
 from omnistage.config.deploy import StageDeploy
@@ -37,7 +38,7 @@ from omnistage.runtime.messages import (
     StartupFailed,
     ToWorker,
 )
-from omnistage.stages.worker import StageWorker, apply_devices, create_engine
+from omnistage.stages.worker import StageWorker, create_engine
 
 logger = logging.getLogger(__name__)
 OnMessage = Callable[[Any], None]
@@ -101,7 +102,9 @@ class InlineStageClient(StageClient):
     def _run(self) -> None:
         sid, rep = self.stage.stage_id, self.replica
         try:
-            device = apply_devices(self.deploy) if not self.deploy.devices else "cpu"
+            # Inline stages share this process: no affinity or thread changes, only the device choice.
+            gpu = self.deploy.devices and torch.cuda.is_available()
+            device = f"cuda:{self.deploy.devices[0]}" if gpu else "cpu"
             engine = create_engine(self.stage, self.deploy, self.model_dir, device)
         except BaseException as exc:
             self.dead = True

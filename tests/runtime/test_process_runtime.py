@@ -57,6 +57,8 @@ async def test_async_chunk_streams_audio_before_stage0_finishes(speech_omni):
     assert torch.equal(final.audio, torch.cat([o.delta_audio for o in audio_updates]))
     stats = await speech_omni.stats()
     assert stats["payloads"]["received"] >= len(audio_updates)
+    edge = stats["edges"]["0->1"]  # the thinker's hidden rows ride along with each chunk
+    assert edge["transfers"] >= 12 and edge["bytes"] >= 12 * 16 * 4
     assert not live_segments(os.getpid())
 
 
