@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import anyio
 from starlette.requests import Request
 
-from omnistage.errors import OmniError
+from omnistage.errors import InvalidRequestError, OmniError, StageError
 from omnistage.outputs import OmniRequestOutput
 from omnistage.serving.metrics import ServerMetrics
 from omnistage.serving.served import ServedModel
@@ -56,6 +56,8 @@ async def generate(
             if out.finished:
                 finished = True
                 metrics.finished.labels(model.name, out.finish_reason or "stop").inc()
+            if out.error is not None:
+                out.error = client_facing(out.error)
             yield out
             if finished:
                 return
@@ -68,6 +70,16 @@ async def generate(
             with anyio.CancelScope(shield=True):
                 await _abort(model, stream, request_id)
             metrics.finished.labels(model.name, "abort").inc()
+
+
+def client_facing(error: OmniError) -> OmniError:
+    """A stage that refused a request's input (an engine's InvalidRequestError) is the client's fault:
+    400, not the 500 of a stage failure."""
+    if isinstance(error, StageError) and error.exc_type == InvalidRequestError.__name__:
+        where = f"stage {error.stage_id} ({error.stage_name})" if error.stage_name else "a stage"
+        detail = error.message.split(f"{InvalidRequestError.__name__}: ", 1)[-1]
+        return InvalidRequestError(f"{where} rejected the request: {detail}")
+    return error
 
 
 async def _abort(model: ServedModel, stream: AsyncIterator[Any], request_id: str) -> None:

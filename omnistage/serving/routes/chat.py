@@ -18,7 +18,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 
 from omnistage.config.pipeline import StageKind
-from omnistage.errors import OmniError
+from omnistage.errors import InvalidRequestError, OmniError
 from omnistage.outputs import OmniRequestOutput
 from omnistage.serving.artifacts import audio_of, fps_of, images_of, sample_rate_of, videos_of
 from omnistage.serving.chat_prompt import ChatPrompt, build_chat_prompt
@@ -39,6 +39,8 @@ AUDIO_EXPIRY_S = 24 * 3600
 async def chat_completions(
     body: ChatCompletionRequest, request: Request, ctx: ServerContext = Depends(get_context)
 ):
+    if body.logprobs or body.top_logprobs:
+        raise InvalidRequestError("logprobs: not supported by this server yet", param="logprobs")
     requested = body.modalities or (["text", "audio"] if body.audio else None)
     model = ctx.models.get(body.model, produces=requested or (), route="/v1/chat/completions")
     modalities = requested or model.default_modalities()
@@ -87,11 +89,10 @@ def _plan(
         or (body.audio.voice if body.audio and isinstance(body.audio.voice, str) else None)
     )
     prompt = chat.as_prompt(speaker=speaker)
-    logprobs = (body.top_logprobs or 0) if body.logprobs else None
     plans = []
     for i in range(body.n):
         sampling = sampling_fields(
-            body, max_tokens=body.max_completion_tokens or body.max_tokens, logprobs=logprobs
+            body, max_tokens=body.max_completion_tokens or body.max_tokens, logprobs=None
         )
         if body.seed is not None:
             sampling["seed"] = body.seed + i
