@@ -1,9 +1,8 @@
-"""Media bytes in and out of the server: audio (WAV/PCM/FLAC/MP3/Opus), images (PNG/JPEG/WebP), MP4.
+"""Media the server needs beyond the shared codecs in `omnistage.media` (images, MP4): every audio format
+clients ask for (WAV/PCM/FLAC/MP3/Opus, resampling, tempo, open-ended WAV streams) and decoders of
+uploads that enforce the server's limits, because a small upload can decode to a huge array.
 
-Engines hand over raw arrays (float32 mono audio, uint8 HWC images, uint8 FHWC video); clients want
-files. Encoding uses soundfile (libsndfile) and PyAV (FFmpeg), decoding the same libraries plus PIL, so no
-torchvision/torchaudio is needed. Decoders enforce the limits the routes pass, because a small upload can
-decode to a huge array.
+soundfile (libsndfile) and PyAV (FFmpeg) do the work, so no torchvision/torchaudio is needed.
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ AUDIO_CONTENT_TYPES = {
     "mp3": "audio/mpeg",
     "opus": "audio/opus",
 }
-IMAGE_CONTENT_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
 # libsndfile containers and the sample rates their codecs accept (None: any).
 _SOUNDFILE_FORMATS = {
     "wav": ("WAV", "PCM_16", None),
@@ -139,7 +137,7 @@ def encode_audio(samples: np.ndarray, sample_rate: int, fmt: str) -> tuple[bytes
     return buf.getvalue(), sample_rate
 
 
-# ---- images and video out --------------------------------------------------------------------------
+# ---- arrays and data URLs ------------------------------------------------------------------------
 def as_uint8_hwc(image: Any) -> np.ndarray:
     """An image as uint8 [H, W, 3] from a PIL image, an array or a tensor (uint8, or float in [0, 1])."""
     if isinstance(image, Image.Image):
@@ -154,36 +152,6 @@ def as_uint8_hwc(image: Any) -> np.ndarray:
     if array.shape[-1] == 4:
         array = array[..., :3]
     return np.ascontiguousarray(array)
-
-
-def encode_image(image: Any, fmt: str = "png", quality: int | None = None) -> bytes:
-    fmt = "jpeg" if fmt == "jpg" else fmt
-    buf = io.BytesIO()
-    options = {} if quality is None or fmt == "png" else {"quality": int(quality)}
-    Image.fromarray(as_uint8_hwc(image)).save(buf, format=fmt.upper(), **options)
-    return buf.getvalue()
-
-
-def encode_mp4(frames: Any, fps: int) -> bytes:
-    """H.264 MP4 (yuv420p, what browsers play). Odd sizes are padded by one edge row/column because
-    4:2:0 chroma needs even dimensions."""
-    video = np.stack([as_uint8_hwc(f) for f in frames]) if not isinstance(frames, np.ndarray) else frames
-    video = as_uint8_hwc(video) if video.dtype != np.uint8 else video
-    _, height, width, _ = video.shape
-    pad_h, pad_w = height % 2, width % 2
-    if pad_h or pad_w:
-        video = np.pad(video, ((0, 0), (0, pad_h), (0, pad_w), (0, 0)), mode="edge")
-    buf = io.BytesIO()
-    with av.open(buf, "w", format="mp4") as container:
-        stream = container.add_stream("libx264", rate=max(1, int(fps)))
-        stream.width, stream.height, stream.pix_fmt = width + pad_w, height + pad_h, "yuv420p"
-        stream.options = {"crf": "18", "preset": "veryfast"}
-        for frame in video:
-            container.mux(
-                stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24"))
-            )
-        container.mux(stream.encode())
-    return buf.getvalue()
 
 
 def data_url(content_type: str, data: bytes) -> str:

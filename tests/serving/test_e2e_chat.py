@@ -9,8 +9,9 @@ import pytest
 import soundfile as sf
 from PIL import Image
 
+from omnistage.media import encode_image
 from omnistage.params import DiffusionParams, SamplingParams
-from omnistage.serving.media import data_url, encode_image, wav_bytes
+from omnistage.serving.media import data_url, wav_bytes
 
 pytestmark = pytest.mark.e2e
 HELLO = [{"role": "user", "content": "hello"}]

@@ -9,6 +9,7 @@ import openai
 import pytest
 from PIL import Image
 
+from omnistage.media import encode_image, encode_video
 from omnistage.params import DiffusionParams
 from omnistage.serving import media
 
@@ -47,7 +48,7 @@ def test_images_output_formats(client, fmt):
 def test_images_edit_uses_the_uploaded_image(client, reference):
     source = np.zeros((8, 16, 3), dtype=np.uint8)
     source[:, :8] = 255
-    png = media.encode_image(source)
+    png = encode_image(source)
     reply = client.images.edit(
         model="toy-image",
         image=("in.png", png, "image/png"),
@@ -120,7 +121,7 @@ def test_video_job_lifecycle(client, reference):
     want = expected.video.numpy()[0]
     assert frames.shape == want.shape
     # Lossy H.264: the served file decodes to exactly what encoding the reference frames here decodes to.
-    local = media.decode_video(media.encode_mp4(want, 6), max_pixels=10**6, max_frames=100, param="v")
+    local = media.decode_video(encode_video(want, 6), max_pixels=10**6, max_frames=100, param="v")
     np.testing.assert_array_equal(frames, local)
 
 

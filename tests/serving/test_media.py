@@ -6,9 +6,9 @@ import av
 import numpy as np
 import pytest
 import soundfile as sf
-from PIL import Image
 
 from omnistage.errors import InvalidRequestError
+from omnistage.media import encode_image, encode_video
 from omnistage.serving import media
 
 pytestmark = pytest.mark.unit
@@ -79,36 +79,17 @@ def test_mono_mixdown_from_channels_first_or_last():
     assert media.as_mono_float32(stereo.T).shape == (2400,)
 
 
-@pytest.mark.parametrize("fmt", ["png", "jpeg", "webp"])
-def test_images_encode_in_each_format(fmt):
-    rng = np.random.default_rng(0)
-    image = rng.integers(0, 255, (17, 23, 3), dtype=np.uint8)
-    data = media.encode_image(image, fmt, quality=95)
-    decoded = Image.open(io.BytesIO(data))
-    assert decoded.format == fmt.upper() and decoded.size == (23, 17)
-    if fmt == "png":
-        assert np.array_equal(np.asarray(decoded), image)
-
-
-def test_float_images_are_scaled_to_uint8():
-    image = np.full((4, 4, 3), 0.5, dtype=np.float32)
-    assert np.asarray(Image.open(io.BytesIO(media.encode_image(image)))).max() == 128
-
-
-def test_mp4_round_trip_with_odd_size():
+def test_decode_video_reads_frames_of_an_odd_sized_mp4():
     video = np.zeros((5, 15, 21, 3), dtype=np.uint8)
     video[:, :, :, 0] = np.arange(5)[:, None, None] * 50  # red ramps over time
-    data = media.encode_mp4(video, fps=8)
-    decoded = media.decode_video(data, max_pixels=10**6, max_frames=100, param="v")
-    assert decoded.shape == (5, 16, 22, 3)  # padded to even sizes for 4:2:0
+    decoded = media.decode_video(encode_video(video, fps=8), max_pixels=10**6, max_frames=100, param="v")
+    assert decoded.shape == (5, 16, 22, 3)  # the shared encoder pads to even sizes for 4:2:0
     red = decoded[:, :15, :21, 0].astype(float).mean(axis=(1, 2))
     np.testing.assert_allclose(red, np.arange(5) * 50, atol=6)
-    with av.open(io.BytesIO(data)) as container:
-        assert container.streams.video[0].average_rate == 8
 
 
 def test_decode_video_subsamples_to_max_frames():
-    data = media.encode_mp4(np.zeros((10, 8, 8, 3), dtype=np.uint8), fps=4)
+    data = encode_video(np.zeros((10, 8, 8, 3), dtype=np.uint8), fps=4)
     assert media.decode_video(data, max_pixels=10**6, max_frames=3, param="v").shape[0] == 3
 
 
@@ -116,7 +97,7 @@ def test_decoders_name_the_field_on_bad_or_oversized_input():
     with pytest.raises(InvalidRequestError) as info:
         media.decode_image(b"not an image", max_pixels=100, param="image")
     assert info.value.param == "image" and "decodable" in info.value.message
-    big = media.encode_image(np.zeros((20, 20, 3), dtype=np.uint8))
+    big = encode_image(np.zeros((20, 20, 3), dtype=np.uint8))
     with pytest.raises(InvalidRequestError, match="exceeds the maximum of 100 pixels"):
         media.decode_image(big, max_pixels=100, param="image")
     with pytest.raises(InvalidRequestError) as info:

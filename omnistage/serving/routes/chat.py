@@ -19,13 +19,14 @@ from pydantic import ValidationError
 
 from omnistage.config.pipeline import StageKind
 from omnistage.errors import InvalidRequestError, OmniError
+from omnistage.media import encode_image, encode_video
 from omnistage.outputs import OmniRequestOutput
 from omnistage.serving.artifacts import audio_of, fps_of, images_of, sample_rate_of, videos_of
 from omnistage.serving.chat_prompt import ChatPrompt, build_chat_prompt
 from omnistage.serving.context import ServerContext, get_context
 from omnistage.serving.errors import SchemaError, omni_error_body
 from omnistage.serving.generation import generate, last_output, merge, prime, unless_disconnected
-from omnistage.serving.media import data_url, encode_audio, encode_image, encode_mp4
+from omnistage.serving.media import data_url, encode_audio
 from omnistage.serving.protocol import ChatCompletionRequest, ChatDiffusionExtras
 from omnistage.serving.served import ServedModel
 from omnistage.serving.sse import DONE, SSE_HEADERS, sse
@@ -218,7 +219,7 @@ def _image_part(image: Any) -> dict[str, Any]:
 
 
 def _video_part(video: Any, fps: int) -> dict[str, Any]:
-    return {"type": "video_url", "video_url": {"url": data_url("video/mp4", encode_mp4(video, fps))}}
+    return {"type": "video_url", "video_url": {"url": data_url("video/mp4", encode_video(video, fps))}}
 
 
 def _usage(outputs: list[OmniRequestOutput]) -> dict[str, int]:
@@ -263,6 +264,6 @@ def _delta_events(reply: _Reply, index: int, out: OmniRequestOutput) -> list[str
                 reply.chunk(index, {"content": data_url("image/png", encode_image(image, "png"))}, "image")
             )
         for video in videos_of(out):
-            url = data_url("video/mp4", encode_mp4(video, fps_of(out)))
+            url = data_url("video/mp4", encode_video(video, fps_of(out)))
             events.append(reply.chunk(index, {"content": url}, "video"))
     return events

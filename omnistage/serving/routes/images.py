@@ -10,11 +10,12 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 
 from omnistage.errors import InvalidRequestError, OmniError
+from omnistage.media import encode_image
 from omnistage.serving.artifacts import images_of
 from omnistage.serving.context import ServerContext, get_context
 from omnistage.serving.forms import files, multipart_openapi, read_form, text_fields
 from omnistage.serving.generation import generate, last_output, unless_disconnected
-from omnistage.serving.media import decode_image, encode_image
+from omnistage.serving.media import decode_image
 from omnistage.serving.protocol import ImageEditForm, ImageFields, ImageGenerationRequest
 from omnistage.serving.stage_params import build_stage_params, diffusion_fields
 
@@ -55,9 +56,10 @@ async def _run(
         raise OmniError("the model did not produce an image")
     fmt = "jpeg" if body.output_format == "jpg" else body.output_format
     height, width = results[0].shape[:2]
+    quality = {} if body.output_compression is None else {"quality": body.output_compression}
     data = [
         {
-            "b64_json": base64.b64encode(encode_image(img, fmt, body.output_compression)).decode(),
+            "b64_json": base64.b64encode(encode_image(img, fmt, **quality)).decode(),
             "revised_prompt": None,
         }
         for img in results

@@ -17,12 +17,13 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import FileResponse
 
 from omnistage.errors import InvalidRequestError, NotFoundError, OmniError
+from omnistage.media import encode_video
 from omnistage.serving.artifacts import DEFAULT_FPS, fps_of, videos_of
 from omnistage.serving.context import ServerContext, get_context
 from omnistage.serving.errors import ConflictError, SchemaError
 from omnistage.serving.forms import files, multipart_openapi, read_form, text_fields
 from omnistage.serving.generation import generate
-from omnistage.serving.media import decode_image, encode_mp4
+from omnistage.serving.media import decode_image
 from omnistage.serving.protocol import VideoCreateRequest, VideoError, VideoJob
 from omnistage.serving.served import ServedModel
 from omnistage.serving.stage_params import build_stage_params, diffusion_fields
@@ -127,7 +128,7 @@ async def _complete(ctx: ServerContext, job: VideoJob, out: Any, elapsed: float)
     if not videos:
         raise OmniError("the model did not produce a video")
     video, fps = videos[0], fps_of(out)
-    data = await asyncio.to_thread(encode_mp4, video, fps)
+    data = await asyncio.to_thread(encode_video, video, fps)
     if job.id not in ctx.videos.jobs:
         return  # deleted while encoding
     ctx.videos.write_video(job, data)
