@@ -58,14 +58,16 @@ async def serve_async(
     omni_kwargs: dict[str, Any] | None = None,
     log_level: str = "info",
 ) -> None:
-    """Serve `models` (model directories or PipelineSpecs) until a signal stops the server."""
+    """Serve `models` until a signal stops the server: model directories, PipelineSpecs, or
+    (PipelineSpec, model directory) pairs for user pipelines over a checkpoint."""
     from omnistage.api import AsyncOmni
 
     state = ServerState()
     runtimes: dict[str, Any] = {}
     try:
         for index, model in enumerate(models):
-            omni = AsyncOmni(model, **(omni_kwargs or {}))
+            model, model_dir = model if isinstance(model, tuple) else (model, None)
+            omni = AsyncOmni(model, model_dir=model_dir, **(omni_kwargs or {}))
             name = served_model_names[index] if served_model_names else omni.model_name
             if name in runtimes:
                 raise ValueError(f"two served models are named {name!r}; pass --served-model-name")

@@ -25,7 +25,8 @@ def main() -> None:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    specs = [PIPELINES[name]() for name in args.models.split(",")]
+    names = args.models.split(",")
+    specs = [PIPELINES[name]() for name in names]
     omni_kwargs = {"placement": args.placement, "max_queued_requests": args.max_queued_requests}
     if args.stage_overrides:
         omni_kwargs["stage_overrides"] = json.loads(args.stage_overrides)
@@ -33,6 +34,7 @@ def main() -> None:
         specs,
         settings_from_args(args),
         host=args.host,
+        served_model_names=names,
         port=args.port,
         omni_kwargs=omni_kwargs,
         log_level=args.log_level,

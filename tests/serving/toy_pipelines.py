@@ -227,4 +227,18 @@ def video_pipeline() -> PipelineSpec:
     return PipelineSpec(name="toy-video", stages=(stage,))
 
 
-PIPELINES = {"toy-omni": speech_pipeline, "toy-image": image_pipeline, "toy-video": video_pipeline}
+def diffusers_pipeline(name: str, modality: str) -> tuple[PipelineSpec, str]:
+    """A real tiny diffusers checkpoint on the diffusion engine, as a one-stage user pipeline."""
+    from omnistage.demo.diffusion_models import tiny_pipeline_dir
+
+    stage = StageSpec(0, "dit", StageKind.DIFFUSION, final_output=True, output_modality=modality)
+    return PipelineSpec(name=name, stages=(stage,)), str(tiny_pipeline_dir(name))
+
+
+PIPELINES = {
+    "toy-omni": speech_pipeline,
+    "toy-image": image_pipeline,
+    "toy-video": video_pipeline,
+    "tiny-flux1": lambda: diffusers_pipeline("tiny-flux1", "image"),
+    "tiny-wan21-t2v": lambda: diffusers_pipeline("tiny-wan21-t2v", "video"),
+}
