@@ -92,7 +92,7 @@ def build_stage_params(
     return result
 
 
-def sampling_fields(request: Any, *, max_tokens: int | None, logprobs: int | None) -> dict[str, Any]:
+def sampling_fields(request: Any, *, max_tokens: int | None) -> dict[str, Any]:
     """SamplingParams fields from a chat/completions request; only what the client set."""
     names = (
         "temperature",
@@ -113,8 +113,6 @@ def sampling_fields(request: Any, *, max_tokens: int | None, logprobs: int | Non
         fields["ignore_eos"] = True
     if max_tokens is not None:
         fields["max_tokens"] = max_tokens
-    if logprobs is not None:
-        fields["logprobs"] = logprobs
     return fields
 
 

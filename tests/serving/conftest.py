@@ -18,14 +18,16 @@ def media_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory, media_dir):
-    """toy-omni (text + speech), toy-image and toy-video behind one server with an API key."""
+    """User pipelines of small torch modules (toy-omni: text + speech, toy-image, toy-video) and real tiny
+    diffusers checkpoints on the diffusion engine (tiny-flux1, tiny-wan21-t2v), one server, an API key."""
     root = tmp_path_factory.mktemp("server")
     args = toy_server_args(
-        "toy-omni,toy-image,toy-video",
+        "toy-omni,toy-image,toy-video,tiny-flux1,tiny-wan21-t2v",
         storage_dir=root / "storage",
         api_key=API_KEY,
-        stage_overrides={"0": {"engine_args": {"step_delay": STEP_DELAY}}},
         extra=[
+            "--toy-step-delay",
+            str(STEP_DELAY),
             "--max-queued-requests",
             "6",
             "--max-image-pixels",
@@ -38,7 +40,7 @@ def server(tmp_path_factory, media_dir):
     )
     proc = ServerProcess(args, root / "server.log")
     try:
-        proc.wait_healthy()
+        proc.wait_healthy(timeout=300)
         yield proc
     finally:
         code = proc.stop()

@@ -96,7 +96,8 @@ def test_chat_text_and_audio_out(client, reference):
         audio={"voice": "x", "format": "wav"},
     )
     message = reply.choices[0].message
-    expected = reference.run("toy-omni", HELLO_PROMPT, SamplingParams(max_tokens=4), ["text", "audio"])
+    prompt = {**HELLO_PROMPT, "speaker": "x"}  # the requested voice reaches the pipeline
+    expected = reference.run("toy-omni", prompt, SamplingParams(max_tokens=4), ["text", "audio"])
     assert message.content == expected.text
     samples, rate = decode_wav(message.audio.data)
     assert rate == message.audio.model_extra["sample_rate"] == 16000

@@ -12,7 +12,7 @@ from omnistage.params import SamplingParams
 from omnistage.serving import media
 
 pytestmark = pytest.mark.e2e
-SPEECH_PROMPT = {"prompt": "read this aloud", "task": "speech"}
+SPEECH_PROMPT = {"messages": [{"role": "user", "content": "read this aloud"}], "speaker": "alloy"}
 
 
 def test_completion_equals_offline_generation(client, reference):
@@ -111,7 +111,13 @@ def test_speech_raw_audio_stream(client, reference, fmt):
 
 
 def test_speech_sse_events(http, reference):
-    body = {"model": "toy-omni", "input": "read this aloud", "response_format": "pcm", "stream": True}
+    body = {
+        "model": "toy-omni",
+        "input": "read this aloud",
+        "voice": "alloy",
+        "response_format": "pcm",
+        "stream": True,
+    }
     with http.stream("POST", "/v1/audio/speech", json=body) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         events = [line for line in response.iter_lines() if line]

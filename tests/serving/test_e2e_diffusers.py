@@ -11,66 +11,43 @@ import pytest
 from PIL import Image
 
 from omnistage.serving import media
-from tests.serving.server_process import ServerProcess, toy_server_args
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def diffusers_server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("diffusers")
-    proc = ServerProcess(
-        toy_server_args("tiny-flux1,tiny-wan21-t2v", storage_dir=root / "storage"), root / "log"
-    )
-    try:
-        proc.wait_healthy(timeout=300)
-        yield proc
-    finally:
-        assert proc.stop() == 0, proc.logs()
-
-
-@pytest.fixture(scope="module")
-def dclient(diffusers_server):
-    import openai
-
-    return openai.OpenAI(base_url=diffusers_server.url + "/v1", api_key="none", max_retries=0, timeout=120)
 
 
 def decode_png(b64: str) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(base64.b64decode(b64))))
 
 
-def test_flux_images_are_seeded_and_chat_agrees(dclient):
+def test_flux_images_are_seeded_and_chat_agrees(client):
     params = {"seed": 4, "num_inference_steps": 2}
-    reply = dclient.images.generate(
-        model="tiny-flux1", prompt="a lighthouse", size="32x32", extra_body=params
-    )
+    reply = client.images.generate(model="tiny-flux1", prompt="a lighthouse", size="32x32", extra_body=params)
     got = decode_png(reply.data[0].b64_json)
     assert got.shape == (32, 32, 3) and got.std() > 0
-    chat = dclient.chat.completions.create(
+    chat = client.chat.completions.create(
         model="tiny-flux1",
         messages=[{"role": "user", "content": "a lighthouse"}],
         extra_body={"size": "32x32", **params},
     )
     url = chat.choices[0].message.content[0]["image_url"]["url"]
     assert np.array_equal(decode_png(url.split(",", 1)[1]), got)  # same request through chat: same image
-    other = dclient.images.generate(
+    other = client.images.generate(
         model="tiny-flux1", prompt="a lighthouse", size="32x32", extra_body={**params, "seed": 5}
     )
     assert not np.array_equal(decode_png(other.data[0].b64_json), got)
 
 
-def test_wan_video_job_reports_engine_progress_and_serves_the_frames(dclient):
+def test_wan_video_job_reports_engine_progress_and_serves_the_frames(client):
     body = {"num_frames": 5, "num_inference_steps": 4, "seed": 3, "fps": 8}
-    job = dclient.videos.create(model="tiny-wan21-t2v", prompt="waves", size="32x32", extra_body=body)
+    job = client.videos.create(model="tiny-wan21-t2v", prompt="waves", size="32x32", extra_body=body)
     seen = []
     while job.status not in ("completed", "failed"):
         time.sleep(0.05)
-        job = dclient.videos.retrieve(job.id)
+        job = client.videos.retrieve(job.id)
         seen.append(job.progress)
     assert job.status == "completed", job.error
     assert seen == sorted(seen) and seen[-1] == 100
     assert job.size == "32x32" and float(job.seconds) == 5 / 8
-    mp4 = dclient.videos.download_content(job.id).content
+    mp4 = client.videos.download_content(job.id).content
     frames = media.decode_video(mp4, max_pixels=10**6, max_frames=99, param="v")
     assert frames.shape == (5, 32, 32, 3)

@@ -70,7 +70,8 @@ def test_dead_stage_health_and_graceful_sigterm(tmp_path):
         "toy-omni",
         storage_dir=tmp_path / "storage",
         # The vocoder in its own process (the others inline, to keep the test light).
-        stage_overrides={"0": {"engine_args": {"step_delay": 0.05}}, "2": {"placement": "process"}},
+        stage_overrides={"2": {"placement": "process"}},
+        extra=["--toy-step-delay", "0.05"],
     )
     server = ServerProcess(args, tmp_path / "server.log")
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 25}

@@ -64,18 +64,21 @@ def test_both_models_are_served_by_directory_name(llm_client, model_dirs):
     assert sorted(m.id for m in llm_client.models.list().data) == sorted(p.name for p in model_dirs.values())
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
-def test_chat_is_routed_by_model_and_equals_offline_greedy(llm_client, model_dirs, offline, arch):
-    name = model_dirs[arch].name
-    reply = llm_client.chat.completions.create(model=name, messages=MESSAGES, max_tokens=8, temperature=0)
-    expected = offline(arch, {"messages": MESSAGES}, SamplingParams(max_tokens=8, temperature=0.0))
-    assert reply.model == name and reply.choices[0].message.content == expected.text
+def test_chat_equals_offline_greedy_and_is_routed_by_model(llm_client, model_dirs, offline):
+    qwen, llama = model_dirs["qwen2"].name, model_dirs["llama"].name
+    reply = llm_client.chat.completions.create(model=qwen, messages=MESSAGES, max_tokens=8, temperature=0)
+    expected = offline("qwen2", {"messages": MESSAGES}, SamplingParams(max_tokens=8, temperature=0.0))
+    assert reply.model == qwen and reply.choices[0].message.content == expected.text
     assert reply.usage.completion_tokens == len(expected.token_ids)
     assert reply.usage.prompt_tokens == len(expected.prompt_token_ids)
     stream = llm_client.chat.completions.create(
-        model=name, messages=MESSAGES, max_tokens=8, temperature=0, stream=True
+        model=qwen, messages=MESSAGES, max_tokens=8, temperature=0, stream=True
     )
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == expected.text
+    # The other checkpoint answers under its own name, with its own tokenizer and weights.
+    other = llm_client.chat.completions.create(model=llama, messages=MESSAGES, max_tokens=8, temperature=0)
+    assert other.model == llama and other.choices[0].message.content != expected.text
+    assert other.usage.prompt_tokens != reply.usage.prompt_tokens
 
 
 def test_completions_on_the_real_engine(llm_client, model_dirs, offline):

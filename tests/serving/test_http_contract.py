@@ -122,6 +122,15 @@ def test_unknown_model_route_and_job_are_404(client):
     assert_error(client.get("/v1/videos/video_x/content", headers=KEY), 404, "video_id")
 
 
+def test_logprobs_are_refused_until_supported(client):
+    body = {**CHAT, "logprobs": True}
+    assert_error(
+        client.post("/v1/chat/completions", json=body, headers=KEY), 400, "logprobs", "not supported"
+    )
+    body = {"prompt": "x", "logprobs": 2}
+    assert_error(client.post("/v1/completions", json=body, headers=KEY), 400, "logprobs", "not supported")
+
+
 def test_no_model_for_the_route_is_400(client):
     assert_error(client.post("/v1/chat/completions", json=CHAT, headers=KEY), 400, "model", "no served model")
 

@@ -39,6 +39,8 @@ def flatten_prompt(prompt: Any) -> Any:
             lines.append(f"{m['role']}: {content}")
         media = prompt.get("multi_modal_data", {})
         lines += [f"[{kind} x{len(items)}]" for kind, items in media.items()]
+        if prompt.get("speaker"):  # the voice changes what the toy says, so tests can see it arrive
+            lines.insert(0, f"voice: {prompt['speaker']}")
         return "\n".join(lines) + "\nassistant:"
     return " ".join(str(prompt.get(k, "")) for k in ("speaker", "instructions", "prompt") if prompt.get(k))
 
@@ -64,7 +66,7 @@ def make_chat(ctx: EngineContext) -> ToyChatEngine:
     return ToyChatEngine(ctx)
 
 
-def speech_pipeline() -> PipelineSpec:
+def speech_pipeline(step_delay: float = 0.0) -> PipelineSpec:
     return PipelineSpec(
         name="toy-omni",
         stages=(
@@ -76,6 +78,7 @@ def speech_pipeline() -> PipelineSpec:
                 output_modality="text",
                 engine=make_chat,
                 input_processor=chat_input,
+                engine_args={"step_delay": step_delay},
             ),
             StageSpec(
                 1,
@@ -207,14 +210,20 @@ def make_diffusion(ctx: EngineContext) -> ToyDiffusionEngine:
     return ToyDiffusionEngine(ctx)
 
 
-def image_pipeline() -> PipelineSpec:
+def image_pipeline(step_delay: float = 0.0) -> PipelineSpec:
     stage = StageSpec(
-        0, "dit", StageKind.DIFFUSION, final_output=True, output_modality="image", engine=make_diffusion
+        0,
+        "dit",
+        StageKind.DIFFUSION,
+        final_output=True,
+        output_modality="image",
+        engine=make_diffusion,
+        engine_args={"step_delay": step_delay},
     )
     return PipelineSpec(name="toy-image", stages=(stage,))
 
 
-def video_pipeline() -> PipelineSpec:
+def video_pipeline(step_delay: float = 0.0) -> PipelineSpec:
     stage = StageSpec(
         0,
         "dit",
@@ -222,7 +231,7 @@ def video_pipeline() -> PipelineSpec:
         final_output=True,
         output_modality="video",
         engine=make_diffusion,
-        engine_args={"video": True},
+        engine_args={"video": True, "step_delay": step_delay},
     )
     return PipelineSpec(name="toy-video", stages=(stage,))
 
@@ -239,6 +248,6 @@ PIPELINES = {
     "toy-omni": speech_pipeline,
     "toy-image": image_pipeline,
     "toy-video": video_pipeline,
-    "tiny-flux1": lambda: diffusers_pipeline("tiny-flux1", "image"),
-    "tiny-wan21-t2v": lambda: diffusers_pipeline("tiny-wan21-t2v", "video"),
+    "tiny-flux1": lambda step_delay=0.0: diffusers_pipeline("tiny-flux1", "image"),
+    "tiny-wan21-t2v": lambda step_delay=0.0: diffusers_pipeline("tiny-wan21-t2v", "video"),
 }

@@ -92,9 +92,7 @@ def _plan(
     prompt = chat.as_prompt(speaker=speaker)
     plans = []
     for i in range(body.n):
-        sampling = sampling_fields(
-            body, max_tokens=body.max_completion_tokens or body.max_tokens, logprobs=None
-        )
+        sampling = sampling_fields(body, max_tokens=body.max_completion_tokens or body.max_tokens)
         if body.seed is not None:
             sampling["seed"] = body.seed + i
         diffusion = diffusion_fields(body, max_pixels=ctx.settings.max_image_pixels, seed=body.seed)

@@ -37,8 +37,6 @@ def _prompts(body: CompletionRequest) -> list[Prompt]:
 
 
 def _check_unsupported(body: CompletionRequest, prompts: list[Prompt]) -> None:
-    if body.logprobs is not None:
-        raise InvalidRequestError("logprobs: not supported by this server yet", param="logprobs")
     if body.suffix:
         raise InvalidRequestError("suffix is not supported", param="suffix")
     if body.best_of is not None and body.best_of != body.n:
@@ -49,6 +47,8 @@ def _check_unsupported(body: CompletionRequest, prompts: list[Prompt]) -> None:
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request, ctx: ServerContext = Depends(get_context)):
+    if body.logprobs is not None:
+        raise InvalidRequestError("logprobs: not supported by this server yet", param="logprobs")
     model = ctx.models.get(body.model, produces=["text"], route="/v1/completions")
     if model.entry_kind != StageKind.AR:
         raise InvalidRequestError(f"model {model.name!r} does not take text prompts", param="model")
@@ -58,7 +58,7 @@ async def completions(body: CompletionRequest, request: Request, ctx: ServerCont
     streams, echoes = [], []
     for p_index, prompt in enumerate(prompts):
         for j in range(body.n):
-            sampling = sampling_fields(body, max_tokens=body.max_tokens, logprobs=None)
+            sampling = sampling_fields(body, max_tokens=body.max_tokens)
             if body.seed is not None:
                 sampling["seed"] = body.seed + j
             params = build_stage_params(model, sampling=sampling, stage_params=body.stage_params)

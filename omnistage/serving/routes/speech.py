@@ -53,12 +53,13 @@ def _validate(body: SpeechRequest) -> None:
 
 
 def _request(body: SpeechRequest, model: ServedModel) -> tuple[Any, list]:
-    """(prompt, per-stage params). An AR entry gets the text with the voice and instructions; a
-    diffusion entry (text-to-audio) gets the text."""
+    """(prompt, per-stage params). An AR entry gets a speech prompt dict (the text as `input` and as a user
+    message, with `speaker`, `instructions`, `language`); a diffusion entry (text-to-audio) the text."""
     if model.entry_kind == StageKind.DIFFUSION:
         fields = {"seed": body.seed} if body.seed is not None else {}
         return body.input, build_stage_params(model, diffusion=fields, stage_params=body.stage_params)
-    prompt = {"prompt": body.input, "task": "speech"}
+    # A chat-capable pipeline (an omni thinker) reads `messages`; a TTS family reads `input` and the rest.
+    prompt = {"task": "speech", "input": body.input, "messages": [{"role": "user", "content": body.input}]}
     extras = {"speaker": body.voice_name, "instructions": body.instructions, "language": body.language}
     prompt.update({k: v for k, v in extras.items() if v})
     sampling = {k: v for k, v in (("seed", body.seed), ("max_tokens", body.max_new_tokens)) if v is not None}
