@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import anyio
 from starlette.requests import Request
 
-from omnistage.errors import InvalidRequestError, OmniError, StageError
+from omnistage.errors import InvalidRequestError, NotReadyError, OmniError, StageDeadError, StageError
 from omnistage.outputs import OmniRequestOutput
 from omnistage.serving.metrics import ServerMetrics
 from omnistage.serving.served import ServedModel
@@ -74,7 +74,9 @@ async def generate(
 
 def client_facing(error: OmniError) -> OmniError:
     """A stage that refused a request's input (an engine's InvalidRequestError) is the client's fault:
-    400, not the 500 of a stage failure."""
+    400, not the 500 of a stage failure; a dead stage makes the model unavailable: 503."""
+    if isinstance(error, StageDeadError):
+        return NotReadyError(error.message)
     if isinstance(error, StageError) and error.exc_type == InvalidRequestError.__name__:
         where = f"stage {error.stage_id} ({error.stage_name})" if error.stage_name else "a stage"
         detail = error.message.split(f"{InvalidRequestError.__name__}: ", 1)[-1]

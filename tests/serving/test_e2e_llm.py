@@ -91,6 +91,20 @@ def test_completions_on_the_real_engine(llm_client, model_dirs, offline):
     assert long.usage.prompt_tokens + long.usage.completion_tokens == MAX_MODEL_LEN  # capped by the context
 
 
+def test_metrics_show_queue_depth_and_kv_usage_of_ar_stages(llm_server, llm_client, model_dirs):
+    import httpx
+
+    llm_client.completions.create(model=model_dirs["qwen2"].name, prompt="hi", max_tokens=2)
+    text = httpx.get(llm_server.url + "/metrics").text
+    qwen = f'model="{model_dirs["qwen2"].name}"'
+    for name in ("omnistage_stage_queue_depth", "omnistage_stage_kv_cache_usage", "omnistage_stage_requests"):
+        assert any(line.startswith(name + "{") and qwen in line for line in text.splitlines()), name
+    assert any(
+        line.startswith("omnistage_time_to_first_token_seconds_count") and qwen in line
+        for line in text.splitlines()
+    )
+
+
 def test_input_the_engine_refuses_is_a_400(llm_server):
     import httpx
 
