@@ -332,12 +332,64 @@ def build_qwen_image(path: Path) -> None:
     pipe.save_pretrained(path)
 
 
+def build_stable_audio(path: Path) -> None:
+    """Stable Audio Open layout: T5 encoder + number conditioners, StableAudioDiT, Oobleck VAE (stereo).
+
+    No step adapter exists for it: the engine serves it as whole pipeline calls (the generic fallback).
+    """
+    from diffusers import (
+        AutoencoderOobleck,
+        EDMDPMSolverMultistepScheduler,
+        StableAudioDiTModel,
+        StableAudioPipeline,
+    )
+    from diffusers.pipelines.stable_audio.modeling_stable_audio import StableAudioProjectionModel
+
+    _seeded(5)
+    vae = AutoencoderOobleck(
+        encoder_hidden_size=8,
+        downsampling_ratios=[2, 2],
+        channel_multiples=[1, 2],
+        decoder_channels=8,
+        decoder_input_channels=4,
+        audio_channels=2,
+        sampling_rate=16000,
+    )
+    transformer = StableAudioDiTModel(
+        sample_size=32,
+        in_channels=4,
+        num_layers=1,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        num_key_value_attention_heads=1,
+        out_channels=4,
+        cross_attention_dim=32,
+        time_proj_dim=16,
+        global_states_input_dim=64,
+        cross_attention_input_dim=32,
+    )
+    pipe = StableAudioPipeline(
+        vae=vae,
+        text_encoder=_t5(32),
+        projection_model=StableAudioProjectionModel(
+            text_encoder_dim=32, conditioning_dim=32, min_value=0, max_value=32
+        ),
+        tokenizer=toks.t5_tokenizer(),
+        transformer=transformer,
+        scheduler=EDMDPMSolverMultistepScheduler(
+            sigma_min=0.3, sigma_max=500, sigma_data=1.0, prediction_type="v_prediction"
+        ),
+    )
+    pipe.save_pretrained(path)
+
+
 BUILDERS = {
     "tiny-wan21-t2v": build_wan_t2v,
     "tiny-wan22-i2v": build_wan_i2v,
     "tiny-flux1": build_flux,
     "tiny-sd3": build_sd3,
     "tiny-qwen-image": build_qwen_image,
+    "tiny-stable-audio": build_stable_audio,
 }
 
 

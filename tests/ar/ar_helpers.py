@@ -1,5 +1,5 @@
 """Shared helpers of the AR tests: engine factory and driver, transformers references, and the hooks the
-tests reference by dotted path ("ar_helpers:name"), as a model family would."""
+tests reference by dotted path ("tests.ar.ar_helpers:name"), as a model family would."""
 
 from __future__ import annotations
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import random
 
 import pytest
-from ar_helpers import hf_greedy, make_engine, run
 
 from omnistage.params import SamplingParams
 from omnistage.stages.base import StageRequest
+from tests.ar.ar_helpers import hf_greedy, make_engine, run
 
 pytestmark = pytest.mark.engine
 

@@ -4,14 +4,14 @@ of the same model with the same embeddings and positions, recomputed in full at 
 
 from __future__ import annotations
 
-import ar_helpers
 import pytest
 import torch
-from ar_helpers import hf_greedy, hf_model, make_engine, run
 
 from omnistage.demo.cache import cached_dir
 from omnistage.params import SamplingParams
 from omnistage.stages.base import StageRequest
+from tests.ar import ar_helpers
+from tests.ar.ar_helpers import hf_greedy, hf_model, make_engine, run
 
 pytestmark = pytest.mark.engine
 
@@ -100,7 +100,9 @@ def test_multimodal_rope_positions_through_a_custom_loader() -> None:
     with torch.inference_mode():
         embeds = text.embed_tokens(torch.tensor(PROMPT))
     expected = reference_loop(text.embed_tokens, text, model.lm_head, embeds, positions, delta, 10)
-    engine = make_engine(model_dir=model_dir, engine_args={"model_loader": "ar_helpers:load_qwen2_vl_text"})
+    engine = make_engine(
+        model_dir=model_dir, engine_args={"model_loader": "tests.ar.ar_helpers:load_qwen2_vl_text"}
+    )
     inputs = {"position_ids": positions, "rope_delta": delta}
     results, _ = run(engine, [StageRequest("mrope", PROMPT, params(), inputs=inputs)])
     assert results["mrope"].token_ids == expected
@@ -117,7 +119,7 @@ def test_step_embed_hook_adds_a_row_per_generated_token() -> None:
     with torch.inference_mode():
         embeds = embed(torch.tensor(PROMPT))
     expected = reference_loop(embed, decoder, head, embeds, torch.arange(len(PROMPT))[None], 0, 10, rows)
-    engine = make_engine(engine_args={"step_embed_hook": "ar_helpers:add_step_rows"})
+    engine = make_engine(engine_args={"step_embed_hook": "tests.ar.ar_helpers:add_step_rows"})
     streaming = StageRequest("stream", PROMPT, params(), inputs={"step_rows": rows[:3]}, streaming_input=True)
 
     def feed(step: int, eng) -> None:

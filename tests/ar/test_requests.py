@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ar_helpers import IM_END, hf_greedy, hf_model, hf_tokenizer, make_engine, run
 
 from omnistage.params import SamplingParams
 from omnistage.stages.base import StageRequest
+from tests.ar.ar_helpers import IM_END, hf_greedy, hf_model, hf_tokenizer, make_engine, run
 
 pytestmark = pytest.mark.engine
 
@@ -31,7 +31,7 @@ def test_max_tokens_finishes_with_length() -> None:
 
 def test_min_tokens_holds_back_eos() -> None:
     engine = make_engine()
-    boost = ["ar_helpers:boost_im_end"]
+    boost = ["tests.ar.ar_helpers:boost_im_end"]
     assert hf_tokenizer("qwen2").convert_ids_to_tokens(IM_END) == "<|im_end|>"
     results, _ = run(
         engine,
@@ -56,7 +56,9 @@ def test_stop_token_ids_and_ignore_eos() -> None:
         [
             StageRequest("stop", PROMPTS[2], greedy(16, stop_token_ids=[stop_id])),
             StageRequest(
-                "eos", PROMPTS[0], greedy(12, logits_processors=["ar_helpers:boost_im_end"], ignore_eos=True)
+                "eos",
+                PROMPTS[0],
+                greedy(12, logits_processors=["tests.ar.ar_helpers:boost_im_end"], ignore_eos=True),
             ),
         ],
     )
@@ -188,6 +190,10 @@ def test_bad_requests_fail_alone_with_the_field_named() -> None:
             StageRequest("embeds", [1, 2], greedy(), inputs={"inputs_embeds": torch.zeros(2, 3)}),
             "inputs_embeds",
         ),
+        "mm": (
+            StageRequest("mm", {"prompt": "hi", "multi_modal_data": {"image": [1]}}, greedy()),
+            "multi_modal_data",
+        ),
         "pos": (StageRequest("pos", [1, 2], greedy(), inputs={"position_ids": [0, 1, 2]}), "position_ids"),
     }
     good = StageRequest("good", PROMPTS[0], greedy(8))
@@ -205,7 +211,9 @@ def test_failing_logits_processor_fails_only_its_request() -> None:
     results, deltas = run(
         engine,
         [
-            StageRequest("bad", PROMPTS[0], greedy(8, logits_processors=["ar_helpers:failing_processor"])),
+            StageRequest(
+                "bad", PROMPTS[0], greedy(8, logits_processors=["tests.ar.ar_helpers:failing_processor"])
+            ),
             StageRequest("good", PROMPTS[1], greedy(8)),
         ],
     )

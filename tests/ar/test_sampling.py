@@ -7,12 +7,12 @@ import time
 
 import pytest
 import torch
-from ar_helpers import make_engine, run
 
 from omnistage.params import SamplingParams
 from omnistage.stages.ar.sampler import Sampler
 from omnistage.stages.ar.sequence import ARRequest, Sequence
 from omnistage.stages.base import StageRequest
+from tests.ar.ar_helpers import make_engine, run
 
 SEEDED = SamplingParams(
     temperature=0.8,

@@ -6,13 +6,13 @@ from __future__ import annotations
 import time
 
 import pytest
-from ar_helpers import hf_tokenizer, make_engine, run
 
 from omnistage.params import SamplingParams
 from omnistage.stages.ar.detokenizer import IncrementalDetokenizer, decoder_for
 from omnistage.stages.ar.kv_cache import BlockManager
 from omnistage.stages.ar.sequence import ARRequest, Sequence
 from omnistage.stages.base import StageRequest
+from tests.ar.ar_helpers import hf_tokenizer, make_engine, run
 
 
 def seq_of(tokens: list[int]) -> Sequence:

@@ -20,6 +20,8 @@ import json
 import logging
 import os
 import socket
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -195,7 +197,8 @@ def _gather_rows(out: torch.Tensor | None, rows: list[int], dtype: torch.dtype) 
 
 
 def _worker_main(rank: int, world: int, port: int, model_dir: str, dtype: str, mode: str, args: dict) -> None:
-    """Ranks 1..N-1: load the transformer(s), join the group, execute forwards until told to stop."""
+    """Ranks 1..N-1 (`python -m omnistage.stages.diffusion.parallel '<json>'`): load the transformer(s),
+    join the group, execute forwards until told to stop."""
     if args.get("num_threads"):
         torch.set_num_threads(int(args["num_threads"]))
     modules = load_transformers(model_dir, dtype)
@@ -223,7 +226,7 @@ def load_transformers(model_dir: str, dtype: str) -> dict[str, torch.nn.Module]:
         if entry and entry[1]:
             cls = getattr(diffusers, entry[1])
             modules[name] = cls.from_pretrained(
-                model_dir, subfolder=name, torch_dtype=DTYPES.get(dtype, torch.float32)
+                model_dir, subfolder=name, dtype=DTYPES.get(dtype, torch.float32)
             )
             modules[name].eval()
     return modules
@@ -263,18 +266,17 @@ class DistributedExecutor(LocalExecutor):
             )
         self.mode, self.world_size = mode, world
         port = _free_port()
-        ctx = torch.multiprocessing.get_context("spawn")
         self.workers = []
         for rank in range(1, world):
-            proc = ctx.Process(
-                target=_worker_main,
-                args=(rank, world, port, model_dir, dtype, mode, args),
-                daemon=True,
-                name=f"omnistage-diffusion-rank{rank}",
-            )
-            proc.start()
-            self.workers.append(proc)
-        _init_group(0, world, port)
+            spec = {"rank": rank, "world": world, "port": port, "model_dir": model_dir, "dtype": dtype}
+            spec.update(mode=mode, args=args)
+            cmd = [sys.executable, "-m", "omnistage.stages.diffusion.parallel", json.dumps(spec)]
+            self.workers.append(subprocess.Popen(cmd))
+        try:
+            _init_group(0, world, port)
+        except Exception:
+            self._kill_workers()
+            raise
         self.modules = {
             n: getattr(pipe, n) for n in TRANSFORMER_COMPONENTS if getattr(pipe, n, None) is not None
         }
@@ -296,9 +298,9 @@ class DistributedExecutor(LocalExecutor):
             parts = list(out.split(_rows(cond + uncond)))
             return parts[: len(cond)], parts[len(cond) :]
         n_cond = sum(_rows(cond))
-        return list(out[:n_cond].split(_rows(cond))), list(
-            out[n_cond:].split(_rows(uncond))
-        ) if uncond else []
+        cond_out = list(out[:n_cond].split(_rows(cond)))
+        uncond_out = list(out[n_cond:].split(_rows(uncond))) if uncond else []
+        return cond_out, uncond_out
 
     def forward_local(self, model_name, inputs, collate):
         raise ConfigError("step caching cannot be combined with CFG-parallel or Ulysses in this engine")
@@ -307,11 +309,16 @@ class DistributedExecutor(LocalExecutor):
         if not dist.is_initialized():
             return
         _send(_Command("stop"), [])
-        for proc in self.workers:
-            proc.join(timeout=30)
-            if proc.is_alive():
-                proc.kill()
+        self._kill_workers(grace_s=30)
         dist.destroy_process_group()
+
+    def _kill_workers(self, grace_s: float = 0) -> None:
+        for proc in self.workers:
+            try:
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def make_executor(pipe: Any, model_dir: str, dtype: str, engine_args: dict[str, Any]) -> LocalExecutor:
@@ -331,3 +338,8 @@ def make_executor(pipe: Any, model_dir: str, dtype: str, engine_args: dict[str, 
     args = {k: engine_args[k] for k in ("attention_backend", "num_threads") if engine_args.get(k)}
     args.setdefault("num_threads", max(1, (os.cpu_count() or 2) // world))
     return DistributedExecutor(pipe, model_dir, dtype, mode, world, args)
+
+
+if __name__ == "__main__":
+    spec = json.loads(sys.argv[1])
+    _worker_main(**spec)

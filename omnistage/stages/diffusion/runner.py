@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from omnistage.errors import InvalidRequestError
 from omnistage.stages.diffusion import offload
 from omnistage.stages.diffusion.adapters import PipelineAdapter, StepAdapter, adapter_for
 from omnistage.stages.diffusion.cache import StepCache, validate
@@ -27,7 +28,7 @@ def load_pipeline(model_dir: str, dtype: str = "auto", device: str = "cpu") -> A
     from diffusers import DiffusionPipeline
 
     torch_dtype = DTYPES.get(dtype, torch.float32 if device == "cpu" else torch.bfloat16)
-    pipe = DiffusionPipeline.from_pretrained(model_dir, torch_dtype=torch_dtype, local_files_only=True)
+    pipe = DiffusionPipeline.from_pretrained(model_dir, dtype=torch_dtype, local_files_only=True)
     pipe.set_progress_bar_config(disable=True)
     return pipe.to(device)
 
@@ -49,6 +50,12 @@ class DiffusionRunner:
         params = self.adapter.resolve(params, images)
         policy = self.cache.policy(params)
         if policy is not None:
+            if self.executor.world_size > 1:
+                raise InvalidRequestError(
+                    "cache is not available on a CFG-parallel / Ulysses stage (caching decides per request; "
+                    "parallel ranks run shared batches)",
+                    param="cache",
+                )
             validate(policy[0], policy[1], int(params.num_inference_steps or 0))
         return params
 
