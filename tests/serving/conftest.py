@@ -19,10 +19,11 @@ def media_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def server(tmp_path_factory, media_dir):
     """User pipelines of small torch modules (toy-omni: text + speech, toy-image, toy-video) and real tiny
-    diffusers checkpoints on the diffusion engine (tiny-flux1, tiny-wan21-t2v), one server, an API key."""
+    diffusers checkpoints on the diffusion engine (tiny-flux1, tiny-wan21-t2v, tiny-stable-audio), one server,
+    an API key."""
     root = tmp_path_factory.mktemp("server")
     args = toy_server_args(
-        "toy-omni,toy-image,toy-video,tiny-flux1,tiny-wan21-t2v",
+        "toy-omni,toy-image,toy-video,tiny-flux1,tiny-wan21-t2v,tiny-stable-audio",
         storage_dir=root / "storage",
         api_key=API_KEY,
         extra=[

@@ -107,6 +107,7 @@ def test_models_are_routed_by_name_or_by_what_the_route_needs(client, http):
         "toy-video": ["video"],
         "tiny-flux1": ["image"],
         "tiny-wan21-t2v": ["video"],
+        "tiny-stable-audio": ["audio"],
     }
     assert client.models.retrieve("toy-video").id == "toy-video"
     # No model: the first served model that can answer the route.

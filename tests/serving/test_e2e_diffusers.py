@@ -1,4 +1,5 @@
-"""Images and video jobs from real tiny diffusers checkpoints (FLUX.1, Wan2.1) on the diffusion engine.
+"""Images, video jobs and audio from real tiny diffusers checkpoints (FLUX.1, Wan2.1, Stable Audio) on the
+diffusion engine.
 
 Equality with plain diffusers is the diffusion engine's own test; here: the server's paths over it."""
 
@@ -8,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+import soundfile as sf
 from PIL import Image
 
 from omnistage.serving import media
@@ -51,3 +53,19 @@ def test_wan_video_job_reports_engine_progress_and_serves_the_frames(client):
     mp4 = client.videos.download_content(job.id).content
     frames = media.decode_video(mp4, max_pixels=10**6, max_frames=99, param="v")
     assert frames.shape == (5, 32, 32, 3)
+
+
+def test_stable_audio_through_the_speech_route(client):
+    def speak(seed: int) -> bytes:
+        return client.audio.speech.create(
+            model="tiny-stable-audio",
+            input="rain on a roof",
+            voice="none",
+            response_format="wav",
+            extra_body={"seed": seed},
+        ).content
+
+    first, again, other = speak(1), speak(1), speak(2)
+    samples, rate = sf.read(io.BytesIO(first), dtype="float32")
+    assert rate == 16000 and len(samples) > 0 and np.abs(samples).max() > 0
+    assert first == again and first != other

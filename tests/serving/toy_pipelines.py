@@ -250,4 +250,5 @@ PIPELINES = {
     "toy-video": video_pipeline,
     "tiny-flux1": lambda step_delay=0.0: diffusers_pipeline("tiny-flux1", "image"),
     "tiny-wan21-t2v": lambda step_delay=0.0: diffusers_pipeline("tiny-wan21-t2v", "video"),
+    "tiny-stable-audio": lambda step_delay=0.0: diffusers_pipeline("tiny-stable-audio", "audio"),
 }
