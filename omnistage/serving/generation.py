@@ -105,6 +105,18 @@ async def last_output(outputs: AsyncIterator[OmniRequestOutput]) -> OmniRequestO
     return last
 
 
+async def collect(streams: Sequence[AsyncIterator[OmniRequestOutput]]) -> list[OmniRequestOutput]:
+    """The terminal outputs of several requests run concurrently (n > 1, batched prompts), in order."""
+
+    async def last(stream: AsyncIterator[OmniRequestOutput]) -> AsyncIterator[OmniRequestOutput]:
+        yield await last_output(stream)
+
+    outputs: list[Any] = [None] * len(streams)
+    async for index, out in merge([last(s) for s in streams]):
+        outputs[index] = out
+    return outputs
+
+
 async def wait_for_disconnect(request: Request) -> None:
     """Returns when the client has gone. Only valid once the body has been read."""
     while True:

@@ -25,7 +25,7 @@ from omnistage.serving.artifacts import audio_of, fps_of, images_of, sample_rate
 from omnistage.serving.chat_prompt import ChatPrompt, build_chat_prompt
 from omnistage.serving.context import ServerContext, get_context
 from omnistage.serving.errors import SchemaError, omni_error_body
-from omnistage.serving.generation import generate, last_output, merge, prime, unless_disconnected
+from omnistage.serving.generation import collect, generate, merge, prime, unless_disconnected
 from omnistage.serving.media import data_url, encode_audio
 from omnistage.serving.protocol import ChatCompletionRequest, ChatDiffusionExtras
 from omnistage.serving.served import ServedModel
@@ -65,45 +65,43 @@ async def chat_completions(
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         events = _stream_events(reply, primed, include_usage)
         return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
-    outputs = await unless_disconnected(request, _collect(streams))
+    outputs = await unless_disconnected(request, collect(streams))
     return reply.completion(outputs)
 
 
 def _plan(
     body: ChatCompletionRequest, model: ServedModel, chat: ChatPrompt, ctx: ServerContext
 ) -> list[tuple]:
-    """(prompt, per-stage params) for each runtime request this chat request becomes."""
+    """(prompt, per-stage params) for each runtime request this chat request becomes: one for a diffusion
+    entry (`n` becomes its number of outputs), `n` for an AR entry (seeds offset by the choice index)."""
+    pixels = ctx.settings.max_image_pixels
     if model.entry_kind == StageKind.DIFFUSION:
         extras = _diffusion_extras(body)
         fields = diffusion_fields(
             extras,
-            max_pixels=ctx.settings.max_image_pixels,
-            seed=extras.seed if extras.seed is not None else body.seed,
+            max_pixels=pixels,
+            seed=extras.seed,
             num_outputs=extras.num_outputs_per_prompt or (body.n if body.n > 1 else None),
             images=chat.media["image"] or None,
         )
-        params = build_stage_params(model, diffusion=fields, stage_params=body.stage_params)
-        return [(chat.last_user_text(), params)]
-    speaker = (
-        body.speaker
-        or body.voice
-        or (body.audio.voice if body.audio and isinstance(body.audio.voice, str) else None)
-    )
-    prompt = chat.as_prompt(speaker=speaker)
+        return [
+            (
+                chat.last_user_text(),
+                build_stage_params(model, diffusion=fields, stage_params=body.stage_params),
+            )
+        ]
+    voice = body.audio.voice if body.audio and isinstance(body.audio.voice, str) else None
+    prompt = chat.as_prompt(speaker=body.speaker or body.voice or voice)
+    diffusion = diffusion_fields(body, max_pixels=pixels, seed=body.seed)  # an AR → DiT pipeline's DiT
     plans = []
     for i in range(body.n):
         sampling = sampling_fields(body, max_tokens=body.max_completion_tokens or body.max_tokens)
         if body.seed is not None:
             sampling["seed"] = body.seed + i
-        diffusion = diffusion_fields(body, max_pixels=ctx.settings.max_image_pixels, seed=body.seed)
-        plans.append(
-            (
-                prompt,
-                build_stage_params(
-                    model, sampling=sampling, diffusion=diffusion, stage_params=body.stage_params
-                ),
-            )
+        params = build_stage_params(
+            model, sampling=sampling, diffusion=diffusion, stage_params=body.stage_params
         )
+        plans.append((prompt, params))
     return plans
 
 
@@ -127,17 +125,6 @@ def _diffusion_extras(body: ChatCompletionRequest) -> ChatDiffusionExtras:
 def _audio_format(body: ChatCompletionRequest) -> str:
     fmt = body.audio.format if body.audio else "wav"
     return "pcm" if fmt == "pcm16" else fmt
-
-
-async def _collect(streams: list[AsyncIterator[OmniRequestOutput]]) -> list[OmniRequestOutput]:
-    outputs = [None] * len(streams)
-    async for index, out in merge([_last(s) for s in streams]):
-        outputs[index] = out
-    return outputs
-
-
-async def _last(stream: AsyncIterator[OmniRequestOutput]) -> AsyncIterator[OmniRequestOutput]:
-    yield await last_output(stream)
 
 
 class _Reply:

@@ -15,7 +15,7 @@ from omnistage.errors import InvalidRequestError, OmniError
 from omnistage.outputs import OmniRequestOutput
 from omnistage.serving.context import ServerContext, get_context
 from omnistage.serving.errors import omni_error_body
-from omnistage.serving.generation import generate, last_output, merge, prime, unless_disconnected
+from omnistage.serving.generation import collect, generate, merge, prime, unless_disconnected
 from omnistage.serving.protocol import CompletionRequest
 from omnistage.serving.sse import DONE, SSE_HEADERS, sse
 from omnistage.serving.stage_params import build_stage_params, sampling_fields
@@ -74,18 +74,8 @@ async def completions(body: CompletionRequest, request: Request, ctx: ServerCont
             media_type="text/event-stream",
             headers=SSE_HEADERS,
         )
-    outputs = await unless_disconnected(request, _collect(streams))
+    outputs = await unless_disconnected(request, collect(streams))
     return reply.completion(outputs, echoes)
-
-
-async def _collect(streams: list[AsyncIterator[OmniRequestOutput]]) -> list[OmniRequestOutput]:
-    async def last(stream: AsyncIterator[OmniRequestOutput]) -> AsyncIterator[OmniRequestOutput]:
-        yield await last_output(stream)
-
-    outputs: list[Any] = [None] * len(streams)
-    async for index, out in merge([last(s) for s in streams]):
-        outputs[index] = out
-    return outputs
 
 
 class _Reply:
