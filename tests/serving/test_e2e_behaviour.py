@@ -52,6 +52,15 @@ def test_full_admission_queue_is_429_with_retry_after(server):
     assert rejected.json()["error"]["type"] == "RateLimitError"
 
 
+def test_video_jobs_are_refused_with_429_when_admission_is_full(server, http):
+    body = {"model": "toy-video", "prompt": "x", "size": "8x8", "num_frames": 2, "num_inference_steps": 200}
+    created = [http.post("/v1/videos", json=body) for _ in range(7)]
+    assert [r.status_code for r in created] == [200] * 6 + [429]  # the seventh finds 6 in flight
+    assert created[-1].headers["retry-after"] == "1"
+    for response in created[:6]:
+        http.delete(f"/v1/videos/{response.json()['id']}")
+
+
 def test_client_disconnect_aborts_a_streaming_request_within_a_second(server, http):
     aborted_before = (
         metric(http, "omnistage_requests_finished_total", model="toy-image", finish_reason="abort")

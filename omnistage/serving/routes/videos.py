@@ -16,7 +16,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import FileResponse
 
-from omnistage.errors import InvalidRequestError, NotFoundError, OmniError
+from omnistage.errors import InvalidRequestError, NotFoundError, OmniError, OverloadedError
 from omnistage.media import encode_video
 from omnistage.serving.artifacts import DEFAULT_FPS, fps_of, videos_of
 from omnistage.serving.context import ServerContext, get_context
@@ -86,10 +86,19 @@ async def create_video(request: Request, ctx: ServerContext = Depends(get_contex
         fps=fps,
     )
     params = build_stage_params(model, diffusion=fields, stage_params=body.stage_params)
+    _check_admission(model)
     size = body.size or (f"{body.width}x{body.height}" if body.width and body.height else "auto")
     job = ctx.videos.create(model=model.name, prompt=body.prompt, size=size, seconds=body.seconds or "auto")
     ctx.video_tasks[job.id] = asyncio.ensure_future(_run_job(ctx, model, job, body.prompt, params))
     return job.model_dump()
+
+
+def _check_admission(model: ServedModel) -> None:
+    """A job runs in the background, so a full admission queue would only show later as a failed job;
+    refuse it now with 429 instead, as the other routes do."""
+    omni = model.omni
+    if omni.num_inflight >= omni.max_queued_requests:
+        raise OverloadedError(f"{omni.num_inflight} requests in flight (limit {omni.max_queued_requests})")
 
 
 async def _run_job(ctx: ServerContext, model: ServedModel, job: VideoJob, prompt: str, params: list) -> None:
