@@ -146,7 +146,13 @@ def diffusion_fields(
     occupy a diffusion stage first.
     """
     fields: dict[str, Any] = {}
-    for name in ("negative_prompt", "num_inference_steps", "guidance_scale", "true_cfg_scale"):
+    for name in (
+        "negative_prompt",
+        "num_inference_steps",
+        "guidance_scale",
+        "guidance_scale_2",
+        "true_cfg_scale",
+    ):
         value = getattr(request, name, None)
         if value is not None:
             fields[name] = value

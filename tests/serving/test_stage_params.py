@@ -82,6 +82,7 @@ def test_diffusion_fields_and_pixel_limit():
     class Body:
         size, width, height = "64x32", None, None
         negative_prompt, num_inference_steps, guidance_scale, true_cfg_scale = "blur", 3, None, None
+        guidance_scale_2 = None
 
     fields = diffusion_fields(Body, max_pixels=64 * 32, seed=1, num_outputs=2)
     assert fields == {
