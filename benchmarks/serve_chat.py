@@ -3,9 +3,11 @@ straight to `AsyncOmni` in-process (the baseline: no HTTP, no JSON, no SSE). Pri
 p50/p99 latency and TTFT for both, and the server/direct ratios.
 
 Every request: one short user message, greedy, `max_tokens` fixed with `ignore_eos` so all requests do the
-same work. The server runs first, alone; the baseline afterwards, so they never share the cores.
+same work. Both sides stay up for the whole run (an idle server costs no CPU) and take turns at each
+concurrency level, `--rounds` times, alternating which goes first, so background load on this shared
+machine hits both alike; each side's figures pool its rounds.
 
-    python benchmarks/serve_chat.py [--model DIR] [--requests 64] [--max-tokens 32]
+    python benchmarks/serve_chat.py [--model DIR] [--requests 64] [--max-tokens 32] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from omnistage.bench.serve import Sample, chat_sender, format_table, run_load
+from omnistage.bench.serve import LoadResult, Sample, chat_sender, format_table, run_load
 
 REPO = Path(__file__).resolve().parents[1]
 MESSAGES = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
@@ -55,30 +57,45 @@ def start_server(model: str, port: int, extra: list[str]) -> subprocess.Popen:
     raise SystemExit("server did not become healthy")
 
 
-async def server_load(port: int, model_name: str, args: argparse.Namespace) -> list[dict]:
-    body = {"messages": MESSAGES, "max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True}
-    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600, limits=limits) as client:
-        send = chat_sender(client, model_name, body)
-        await run_load(send, 4, 4)  # warm-up
-        return [(await run_load(send, args.requests, c)).summary() for c in CONCURRENCY]
+def pooled(results: list[LoadResult]) -> dict:
+    """One side's figures over its rounds: requests/s over the summed durations, percentiles over all."""
+    merged = LoadResult(results[0].concurrency, sum(r.duration_s for r in results), [])
+    for r in results:
+        merged.samples.extend(r.samples)
+    return merged.summary()
 
 
-async def direct_load(model: str, args: argparse.Namespace) -> list[dict]:
+async def compare(port: int, model_name: str, model: str, args: argparse.Namespace) -> tuple[list, list]:
     from omnistage import AsyncOmni, SamplingParams
 
+    body = {"messages": MESSAGES, "max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True}
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
-    async with AsyncOmni(model, **deploy_kwargs(args)) as omni:
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    async with (
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600, limits=limits) as client,
+        AsyncOmni(model, **deploy_kwargs(args)) as omni,
+    ):
+        over_http = chat_sender(client, model_name, body)
 
-        async def send(_: int) -> Sample:
+        async def direct(_: int) -> Sample:
             start, ttft, out = time.perf_counter(), float("nan"), None
             async for out in omni.generate({"messages": MESSAGES}, params):
                 if ttft != ttft and out.delta_text:
                     ttft = time.perf_counter() - start
             return Sample(time.perf_counter() - start, ttft, len(out.token_ids), ok=out.error is None)
 
-        await run_load(send, 4, 4)
-        return [(await run_load(send, args.requests, c)).summary() for c in CONCURRENCY]
+        for send in (over_http, direct):  # warm-up: first-request costs stay out of the figures
+            await run_load(send, 4, 4)
+        served, baseline = [], []
+        for c in CONCURRENCY:
+            runs: dict[str, list[LoadResult]] = {"server": [], "direct": []}
+            for round_ in range(args.rounds):
+                order = [("server", over_http), ("direct", direct)]
+                for side, send in order if round_ % 2 == 0 else order[::-1]:
+                    runs[side].append(await run_load(send, args.requests, c))
+            served.append(pooled(runs["server"]))
+            baseline.append(pooled(runs["direct"]))
+        return served, baseline
 
 
 def deploy_kwargs(args: argparse.Namespace) -> dict:
@@ -90,6 +107,7 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="model directory (default: the demo's text model)")
     parser.add_argument("--requests", type=int, default=64, help="requests per concurrency level")
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=2, help="turns per side and concurrency level")
     parser.add_argument("--placement", default=None, help="stage placement (default: the model's deploy)")
     parser.add_argument("--port", type=int, default=8765)
     args = parser.parse_args()
@@ -99,11 +117,10 @@ def main() -> None:
     proc = start_server(model, args.port, extra)
     try:
         name = httpx.get(f"http://127.0.0.1:{args.port}/v1/models").json()["data"][0]["id"]
-        served = asyncio.run(server_load(args.port, name, args))
+        served, direct = asyncio.run(compare(args.port, name, model, args))
     finally:
         proc.terminate()
         proc.wait(60)
-    direct = asyncio.run(direct_load(model, args))
     print(format_table(served, "omnistage serve (HTTP, streaming SSE):"))
     print(format_table(direct, "AsyncOmni in-process (baseline):"))
     for s, d in zip(served, direct, strict=True):
