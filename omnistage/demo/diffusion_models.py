@@ -398,7 +398,7 @@ def tiny_pipeline_dir(name: str) -> Path:
     return cached_dir(name, VERSION, BUILDERS[name])
 
 
-def wan_bench_dir(dim: int = 384, heads: int = 6, layers: int = 4, ffn: int = 1024) -> Path:
+def wan_bench_dir(dim: int = 128, heads: int = 2, layers: int = 8, ffn: int = 384) -> Path:
     """A Wan2.1-architecture checkpoint sized for the serving benchmark (random weights)."""
     name = f"bench-wan21-t2v-d{dim}h{heads}l{layers}f{ffn}"
     return cached_dir(name, VERSION, lambda p: build_wan_t2v(p, dim=dim, heads=heads, layers=layers, ffn=ffn))

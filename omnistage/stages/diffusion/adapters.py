@@ -25,6 +25,7 @@ import msgspec
 import numpy as np
 import torch
 
+from omnistage import media
 from omnistage.errors import InvalidRequestError
 from omnistage.params import DiffusionParams
 from omnistage.stages.diffusion.modality import pipeline_modality
@@ -182,6 +183,8 @@ class PipelineAdapter:
             _fail("negative_prompt", f"is not supported by {self.class_name}")
         if images and not self.accepts_image:
             _fail("image", f"is not accepted by {self.class_name} (it takes no input image)")
+        if p.mask is not None and "mask_image" not in self.call_signature:
+            _fail("mask", f"is not accepted by {self.class_name} (it does no inpainting)")
         if self.needs_image and not images:
             _fail("image", f"is required by {self.class_name}")
         if p.output_format is not None and p.output_format not in self._formats(p):
@@ -221,6 +224,8 @@ class PipelineAdapter:
         p = req.params
         solo = req.request_id if p.num_outputs > 1 else None
         image = _digest(req.images) if req.images else None
+        if p.mask is not None:
+            solo = req.request_id  # an inpainting mask belongs to one request
         return (
             p.height,
             p.width,
@@ -264,6 +269,8 @@ class PipelineAdapter:
         kwargs["generator"] = reqs[0].generator() if solo else [r.generator() for r in reqs]
         if reqs[0].images:
             kwargs["image"] = reqs[0].images[0] if len(reqs[0].images) == 1 else reqs[0].images
+        if p.mask is not None:
+            kwargs["mask_image"] = media.decode_image(p.mask)
         if "output_type" in self.call_signature:
             kwargs["output_type"] = "np"
         kwargs.update(p.extra)
@@ -284,6 +291,16 @@ class PipelineAdapter:
         return list(tensor.split([r.params.num_outputs for r in reqs]))
 
     # ---- step mode (families that support it override)
+    def latent_tokens(self, req: DiffusionRequest) -> int:
+        """Transformer tokens one request puts into a forward (all its rows and CFG branches)."""
+        p = req.params
+        multiple = self.spatial_multiple or 1
+        tokens = (p.height or multiple) // multiple * ((p.width or multiple) // multiple)
+        if self.temporal_factor and p.num_frames:
+            tokens *= (p.num_frames - 1) // self.temporal_factor + 1
+        cfg = (p.guidance_scale or 0) > 1 or ((p.true_cfg_scale or 0) > 1 and p.negative_prompt is not None)
+        return tokens * p.num_outputs * (2 if cfg else 1)
+
     def step_batch_key(self, req: DiffusionRequest) -> tuple:
         """Requests with equal keys can share one transformer forward (same latent and text shapes)."""
         p = req.params

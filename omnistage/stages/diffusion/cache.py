@@ -323,18 +323,11 @@ class StepCache:
 
     @contextlib.contextmanager
     def activate(self, rc: RequestCache | None, module: torch.nn.Module) -> Iterator[None]:
-        """Run `module`'s forwards in the block under `rc` (None: bypass any installed caching)."""
-        if rc is None:
-            with self._bypass(module):
+        """Run `module`'s forwards in the block under `rc` (None: no caching). Hooks of the other backend
+        stay out of the way: cache-dit's forward is bypassed, TeaCache's hooks pass through."""
+        if rc is None or rc.backend == "teacache":
+            with self._bypass(module), self._teacache_request(rc, module):
                 yield
-            return
-        if rc.backend == "teacache":
-            controller = self._tea[id(module)]
-            controller.request = rc
-            try:
-                yield
-            finally:
-                controller.request, controller.active = None, None
             return
         manager = module._context_manager
         saved = dict(manager._cached_context_manager)
@@ -345,6 +338,18 @@ class StepCache:
         finally:
             manager._cached_context_manager.clear()
             manager._cached_context_manager.update(saved)
+
+    @contextlib.contextmanager
+    def _teacache_request(self, rc: RequestCache | None, module: torch.nn.Module) -> Iterator[None]:
+        controller = self._tea.get(id(module))
+        if rc is None or controller is None:
+            yield
+            return
+        controller.request = rc
+        try:
+            yield
+        finally:
+            controller.request, controller.active = None, None
 
     @contextlib.contextmanager
     def _bypass(self, module: torch.nn.Module) -> Iterator[None]:

@@ -6,9 +6,11 @@ Two execution modes (`engine_args.execution`):
     step in one transformer forward, reports progress, and decodes the requests that finished.
   - "request" (any other pipeline, or by choice): compatible requests run as one plain pipeline call.
 
-Other `engine_args`: request_batch_max_wait_ms, step_policy (srpt | fcfs), aging_s, cache ({backend, ...} for
+Other `engine_args`: request_batch_max_wait_ms, step_policy (srpt | fcfs), aging_s, step_token_budget (latent
+tokens per shared forward; default unlimited), cache ({backend, ...} for
 every request), cfg_parallel_size, ulysses_degree, attention_backend, quantization, vae_tiling, vae_slicing,
-offload, offload_group_size, limits ({max_pixels, max_num_frames, max_inference_steps, max_outputs}).
+offload, offload_group_size, limits ({max_pixels, max_num_frames, max_inference_steps, max_outputs}),
+parallel_timeout_s (how long a parallel rank waits on the others; default 600).
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ ENGINE_ARGS = {
     "offload_group_size",
     "limits",
     "num_threads",
+    "parallel_timeout_s",
+    "step_token_budget",
 }
 
 
@@ -70,13 +74,17 @@ class DiffusionEngine:
         self.adapter = self.runner.adapter
         self.mode = args.get("execution") or ("step" if self.runner.supports_steps else "request")
         self._check_mode(args)
+        self.runner.start_executor(args)
         if self.mode == "step":
+            budget = args.get("step_token_budget")
             self.scheduler = StepScheduler(
                 self.adapter.step_batch_key,
-                self._step_cost,
+                self.adapter.latent_tokens,
                 deploy.max_num_seqs,
                 policy=args.get("step_policy", "srpt"),
                 aging_s=float(args.get("aging_s", 30.0)),
+                tokens=self.adapter.latent_tokens,
+                token_budget=int(budget) if budget else None,
             )
         else:
             self.scheduler = RequestBatchScheduler(
@@ -183,12 +191,6 @@ class DiffusionEngine:
         """The deploy's default_params fill what the request left unset."""
         unset = {k: v for k, v in self.default_params.items() if getattr(params, k, None) is None}
         return msgspec.structs.replace(params, **unset) if unset else params
-
-    def _step_cost(self, req: DiffusionRequest) -> float:
-        """Work of one denoise step, for the SRPT policy: latent volume x CFG branches."""
-        p = req.params
-        cfg = (p.guidance_scale or 0) > 1 or ((p.true_cfg_scale or 0) > 1 and p.negative_prompt is not None)
-        return float(p.height or 1) * float(p.width or 1) * max(1, p.num_frames or 1) * (2 if cfg else 1)
 
     # ---- request mode
     def _request_mode(self) -> list[StageOutput]:

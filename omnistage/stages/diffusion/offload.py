@@ -39,7 +39,12 @@ def apply(pipe: Any, engine_args: dict[str, Any]) -> None:
     vae = getattr(pipe, "vae", None)
     tiling = engine_args.get("vae_tiling")
     if tiling and vae is not None:
-        vae.enable_tiling(**(tiling if isinstance(tiling, dict) else {}))
+        try:
+            vae.enable_tiling(**(tiling if isinstance(tiling, dict) else {}))
+        except TypeError as exc:
+            raise ConfigError(
+                f"engine_args.vae_tiling: {type(vae).__name__} rejects these tile sizes: {exc}"
+            ) from exc
     if engine_args.get("vae_slicing") and vae is not None:
         vae.enable_slicing()
     if engine_args.get("offload"):
@@ -47,14 +52,25 @@ def apply(pipe: Any, engine_args: dict[str, Any]) -> None:
 
 
 def set_attention_backend(pipe: Any, name: str) -> None:
-    from diffusers.models.attention_dispatch import AttentionBackendName
+    """Pin the backend on this pipeline's attention processors only. (diffusers' `set_attention_backend` also
+    switches the process-wide default, which would change every other model in the process; that default is
+    restored.)"""
+    for module in transformers_of(pipe):
+        set_module_attention_backend(module, name)
+    logger.info("attention backend %s on %d transformer(s)", name, len(transformers_of(pipe)))
+
+
+def set_module_attention_backend(module: torch.nn.Module, name: str) -> None:
+    from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
 
     known = [b.value for b in AttentionBackendName]
     if name not in known:
         raise ConfigError(f"engine_args.attention_backend must be one of {', '.join(known)}; got {name!r}")
-    for module in transformers_of(pipe):
+    default = _AttentionBackendRegistry._active_backend
+    try:
         module.set_attention_backend(name)
-    logger.info("attention backend %s on %d transformer(s)", name, len(transformers_of(pipe)))
+    finally:
+        _AttentionBackendRegistry.set_active_backend(default)
 
 
 def quantize(pipe: Any, method: str) -> None:

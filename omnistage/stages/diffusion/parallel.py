@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from omnistage.errors import ConfigError
+from omnistage.stages.diffusion.offload import set_module_attention_backend
 
 logger = logging.getLogger(__name__)
 
@@ -136,10 +137,16 @@ def _receive() -> tuple[_Command, list[torch.Tensor]]:
 
 
 # ---- the parallel strategies, identical on every rank
-def enable_ulysses(module: torch.nn.Module, degree: int, device: torch.device) -> None:
-    """diffusers context parallelism (Ulysses) on a CPU or GPU mesh."""
+def enable_ulysses(module: torch.nn.Module, degree: int, device: torch.device, backend: str | None) -> None:
+    """diffusers context parallelism (Ulysses) on a CPU or GPU mesh.
+
+    Every rank pins the same attention backend on its processors (the stage's, else "native"): a processor
+    without one follows diffusers' process-wide default, which other code in rank 0's process may have
+    changed, and ranks whose attention takes different collectives deadlock.
+    """
     from diffusers.hooks.context_parallel import apply_context_parallel
     from diffusers.models._modeling_parallel import ContextParallelConfig, ParallelConfig
+    from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
     from torch.distributed.device_mesh import init_device_mesh
 
     plan = getattr(module, "_cp_plan", None)
@@ -147,6 +154,12 @@ def enable_ulysses(module: torch.nn.Module, degree: int, device: torch.device) -
         raise ConfigError(
             f"ulysses_degree > 1: {type(module).__name__} has no context-parallel plan (_cp_plan)"
         )
+    backend = backend or AttentionBackendName.NATIVE.value
+    if not _AttentionBackendRegistry._is_context_parallel_available(AttentionBackendName(backend)):
+        raise ConfigError(
+            f"ulysses_degree > 1: attention backend {backend!r} does not support context parallelism"
+        )
+    set_module_attention_backend(module, backend)
     cp = ContextParallelConfig(ulysses_degree=degree)
     config = ParallelConfig(context_parallel_config=cp)
     mesh = init_device_mesh(device.type, cp.mesh_shape, mesh_dim_names=cp.mesh_dim_names)
@@ -202,7 +215,7 @@ def _worker_main(rank: int, world: int, port: int, model_dir: str, dtype: str, m
     if args.get("num_threads"):
         torch.set_num_threads(int(args["num_threads"]))
     modules = load_transformers(model_dir, dtype)
-    _init_group(rank, world, port)
+    _init_group(rank, world, port, float(args.get("parallel_timeout_s", 600)))
     for module in modules.values():
         _prepare_module(module, mode, world, args)
     while True:
@@ -234,18 +247,18 @@ def load_transformers(model_dir: str, dtype: str) -> dict[str, torch.nn.Module]:
 
 def _prepare_module(module: torch.nn.Module, mode: str, world: int, args: dict) -> None:
     if args.get("attention_backend"):
-        module.set_attention_backend(args["attention_backend"])
+        set_module_attention_backend(module, args["attention_backend"])
     if mode == "ulysses":
-        enable_ulysses(module, world, torch.device("cpu"))
+        enable_ulysses(module, world, torch.device("cpu"), args.get("attention_backend"))
 
 
-def _init_group(rank: int, world: int, port: int) -> None:
+def _init_group(rank: int, world: int, port: int, timeout_s: float) -> None:
     dist.init_process_group(
         "gloo",
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=world,
-        timeout=datetime.timedelta(seconds=600),
+        timeout=datetime.timedelta(seconds=timeout_s),
     )
 
 
@@ -273,7 +286,7 @@ class DistributedExecutor(LocalExecutor):
             cmd = [sys.executable, "-m", "omnistage.stages.diffusion.parallel", json.dumps(spec)]
             self.workers.append(subprocess.Popen(cmd))
         try:
-            _init_group(0, world, port)
+            _init_group(0, world, port, float(args.get("parallel_timeout_s", 600)))
         except Exception:
             self._kill_workers()
             raise
@@ -282,7 +295,7 @@ class DistributedExecutor(LocalExecutor):
         }
         if mode == "ulysses":
             for module in self.modules.values():
-                enable_ulysses(module, world, torch.device("cpu"))
+                enable_ulysses(module, world, torch.device("cpu"), args.get("attention_backend"))
         logger.info("%s parallel group of %d ranks ready (port %d)", mode, world, port)
 
     def forward(self, model_name, cond, uncond, collate):
@@ -321,6 +334,20 @@ class DistributedExecutor(LocalExecutor):
                 proc.wait()
 
 
+def _check_ulysses(pipe: Any, degree: int) -> None:
+    """Refuse before spawning anything: the model needs a context-parallel plan and heads divisible by N."""
+    for name in TRANSFORMER_COMPONENTS:
+        module = getattr(pipe, name, None)
+        if module is None:
+            continue
+        if getattr(module, "_cp_plan", None) is None:
+            model = type(module).__name__
+            raise ConfigError(f"ulysses: diffusers has no _cp_plan (context-parallel plan) for {model}")
+        heads = getattr(module.config, "num_attention_heads", None)
+        if heads is not None and heads % degree:
+            raise ConfigError(f"ulysses_degree={degree} must divide the {heads} attention heads")
+
+
 def make_executor(pipe: Any, model_dir: str, dtype: str, engine_args: dict[str, Any]) -> LocalExecutor:
     cfg = int(engine_args.get("cfg_parallel_size", 1))
     ulysses = int(engine_args.get("ulysses_degree", 1))
@@ -335,7 +362,10 @@ def make_executor(pipe: Any, model_dir: str, dtype: str, engine_args: dict[str, 
     if cfg == 1 and ulysses == 1:
         return LocalExecutor(pipe)
     mode, world = ("cfg", 2) if cfg > 1 else ("ulysses", ulysses)
-    args = {k: engine_args[k] for k in ("attention_backend", "num_threads") if engine_args.get(k)}
+    if mode == "ulysses":
+        _check_ulysses(pipe, ulysses)
+    keys = ("attention_backend", "num_threads", "parallel_timeout_s")
+    args = {k: engine_args[k] for k in keys if engine_args.get(k)}
     args.setdefault("num_threads", max(1, (os.cpu_count() or 2) // world))
     return DistributedExecutor(pipe, model_dir, dtype, mode, world, args)
 

@@ -15,7 +15,7 @@ from omnistage.errors import InvalidRequestError
 from omnistage.stages.diffusion import offload
 from omnistage.stages.diffusion.adapters import PipelineAdapter, StepAdapter, adapter_for
 from omnistage.stages.diffusion.cache import StepCache, validate
-from omnistage.stages.diffusion.parallel import make_executor
+from omnistage.stages.diffusion.parallel import LocalExecutor, make_executor
 from omnistage.stages.diffusion.request import DiffusionRequest
 
 logger = logging.getLogger(__name__)
@@ -40,7 +40,12 @@ class DiffusionRunner:
         offload.apply(self.pipe, engine_args)
         self.adapter: PipelineAdapter = adapter_for(self.pipe, engine_args.get("limits"))
         self.cache = StepCache(self.pipe, engine_args.get("cache"))
-        self.executor = make_executor(self.pipe, model_dir, dtype, engine_args)
+        self.dtype = dtype
+        self.executor = LocalExecutor(self.pipe)
+
+    def start_executor(self, engine_args: dict[str, Any]) -> None:
+        """Spawn the parallel ranks, if the stage asks for CFG-parallel or Ulysses (after config checks)."""
+        self.executor = make_executor(self.pipe, self.model_dir, self.dtype, engine_args)
 
     @property
     def supports_steps(self) -> bool:

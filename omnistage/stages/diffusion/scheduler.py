@@ -7,7 +7,8 @@ quiet for a short stable window, or the oldest request has waited the maximum.
 
 Step mode (`StepScheduler`): up to `max_num_seqs` requests are admitted (encoded, latents drawn) and each
 tick one *group* of admitted requests with the same step key advances by one denoise step in one transformer
-forward. Requests join and leave at step boundaries. The policy picks the group:
+forward. Requests join and leave at step boundaries. An optional token budget (`step_token_budget`: latent
+tokens x rows per forward) caps the group; the most urgent request always runs. The policy picks the group:
   - "srpt" (default): shortest remaining work first, where work = remaining steps x latent volume x CFG
     branches, discounted by how long the request has waited (`aging_s`), so short requests overtake long
     videos while a long request's priority grows until it runs;
@@ -83,6 +84,8 @@ class StepScheduler:
         max_num_seqs: int,
         policy: str = "srpt",
         aging_s: float = 30.0,
+        tokens: Callable[[DiffusionRequest], int] | None = None,
+        token_budget: int | None = None,
     ):
         if policy not in ("srpt", "fcfs"):
             raise ValueError(f"step_policy must be 'srpt' or 'fcfs', got {policy!r}")
@@ -91,6 +94,8 @@ class StepScheduler:
         self.max_num_seqs = max_num_seqs
         self.policy = policy
         self.aging_s = aging_s
+        self.tokens = tokens
+        self.token_budget = token_budget
         self.waiting: list[DiffusionRequest] = []
         self.running: list[DiffusionRequest] = []
 
@@ -134,9 +139,19 @@ class StepScheduler:
         ready = [r for r in self.running if r.state is not None and not r.state.done]
         if not ready:
             return []
-        best = min(ready, key=lambda r: self._score(r, now))
-        best_key = self.key(best)
-        return [r for r in ready if self.key(r) == best_key]
+        ready.sort(key=lambda r: self._score(r, now))
+        best_key = self.key(ready[0])
+        group = [r for r in ready if self.key(r) == best_key]
+        if self.token_budget is None or self.tokens is None:
+            return group
+        chosen, used = [], 0
+        for req in group:
+            need = self.tokens(req)
+            if chosen and used + need > self.token_budget:
+                break
+            chosen.append(req)
+            used += need
+        return chosen
 
     def finish(self, request_id: str) -> None:
         self.remove(request_id)
