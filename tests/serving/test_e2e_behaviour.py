@@ -101,6 +101,13 @@ def test_client_disconnect_aborts_a_plain_request_within_a_second(server, http):
     assert wait_until_idle(http, "toy-image", timeout=1.0) <= 1.0
 
 
+def test_oversized_bodies_are_413_before_being_read(http):
+    big = b'{"prompt": "' + b"x" * (3 * 1024 * 1024) + b'"}'
+    response = http.post("/v1/completions", content=big, headers={"content-type": "application/json"})
+    assert response.status_code == 413 and response.json()["error"]["code"] == 413
+    assert "limit of 2097152 bytes" in response.json()["error"]["message"]
+
+
 def test_api_key_is_required(server):
     bad = openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
