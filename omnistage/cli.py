@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from omnistage import __version__
+from omnistage.serving.cli_args import add_server_args, settings_from_args
 
 logger = logging.getLogger("omnistage")
 
@@ -51,8 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="serve models over an OpenAI-compatible HTTP API")
     serve.add_argument("models", nargs="*", help="model directories (none: the demo set)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    add_server_args(serve)
     add_deploy_args(serve)
 
     run = sub.add_parser("run", help="offline batch generation")
@@ -88,10 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from omnistage.api import AsyncOmni
-    from omnistage.serving.app import create_app
+    from omnistage.serving.server import serve
 
     models = args.models
     if not models:
@@ -99,17 +96,18 @@ def _serve(args: argparse.Namespace) -> int:
 
         models = [str(p) for p in demo_model_dirs()]
         logger.info("serving the demo set: %s", ", ".join(models))
-    served: dict[str, AsyncOmni] = {}
-    try:
-        for model in models:
-            omni = AsyncOmni(model, **deploy_kwargs(args))
-            if omni.model_name in served:
-                raise SystemExit(f"two models are named {omni.model_name!r}; rename one directory")
-            served[omni.model_name] = omni
-        uvicorn.run(create_app(served), host=args.host, port=args.port, log_level=args.log_level.lower())
-    finally:
-        for omni in served.values():
-            omni._close()
+    names = args.served_model_name
+    if names is not None and len(names) != len(models):
+        raise SystemExit(f"--served-model-name gives {len(names)} names for {len(models)} models")
+    serve(
+        models,
+        settings_from_args(args),
+        host=args.host,
+        port=args.port,
+        served_model_names=names,
+        omni_kwargs={**deploy_kwargs(args), "max_queued_requests": args.max_queued_requests},
+        log_level=args.log_level.lower(),
+    )
     return 0
 
 
