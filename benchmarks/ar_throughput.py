@@ -17,7 +17,8 @@ Memory (`--memory`): with one KV budget, how many 256-token sequences the engine
 contiguous per-request cache sized for the model's max length (budget // bytes of one max-length cache).
 
 Default model: the benchmark checkpoint from omnistage.demo.llm (Qwen2 architecture, hidden 768, 12
-layers, 12 heads, 4 KV heads, bf16, random weights); `--model DIR` runs any causal-LM directory.
+layers, 12 heads, 4 KV heads, bf16, random weights); `--model` runs any causal-LM directory or GGUF file
+(e.g. the demo's SmolLM2-135M-Instruct, benchmarked from the directory the GGUF converts to).
 """
 
 from __future__ import annotations
@@ -234,7 +235,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", help="causal-LM directory (default: the built benchmark checkpoint)")
+    parser.add_argument(
+        "--model", help="causal-LM directory or GGUF file (default: the built benchmark checkpoint)"
+    )
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--input-len", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=64)
@@ -255,6 +258,10 @@ def main() -> None:
         from omnistage.demo.llm import bench_llm_dir
 
         args.model = str(bench_llm_dir())
+    else:
+        from omnistage.config.resolve import model_directory
+
+        args.model = str(model_directory(args.model))
     config = json.loads((Path(args.model) / "config.json").read_text())
     checkpoint_dtype = config.get("dtype") or config.get("torch_dtype") or "float32"
     hf_dtypes = [d for d in args.hf_dtypes.split(",") if d] or [checkpoint_dtype]

@@ -6,10 +6,10 @@ from pathlib import Path
 
 
 def demo_model_dirs() -> list[Path]:
-    """The models `omnistage serve` (no model given) serves, built on first use."""
-    from omnistage.demo.llm import build_demo_llm
+    """The models `omnistage serve` (no model given) serves, built (or converted) on first use."""
+    from omnistage.demo.smollm import smollm2_dir
 
-    return [build_demo_llm()]
+    return [smollm2_dir()]
 
 
 def train(argv: list[str]) -> int:

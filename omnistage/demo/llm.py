@@ -1,8 +1,8 @@
 """Tiny LLM checkpoints (Qwen2, Qwen3, Llama) with random weights and a local tokenizer, saved with
 `save_pretrained` so everything downstream goes through the real loading code.
 
-`tiny_llm_dir(arch)` is what tests use; `build_demo_llm()` is the demo server's text model until a trained
-one lands; `bench_llm_dir()` is the benchmark's 12-layer Qwen2 in bf16.
+`tiny_llm_dir(arch)` is what tests use; `build_demo_llm()` is a fast stand-in for the demo's trained chat
+model (omnistage.demo.smollm); `bench_llm_dir()` is the benchmark's 12-layer Qwen2 in bf16.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def tiny_llm_dir(arch: str = "qwen2") -> Path:
 
 
 def build_demo_llm() -> Path:
-    """The demo server's text model (tiny Qwen2) until a trained checkpoint lands."""
+    """A tiny Qwen2 stand-in for the demo's chat model, where a real one would be too slow."""
     return tiny_llm_dir("qwen2")
 
 
