@@ -63,8 +63,9 @@ def pipeline() -> PipelineSpec:
         stages=(
             StageSpec(0, "a", StageKind.AR, engine=make_noop),
             StageSpec(1, "b", StageKind.AR, inputs=(0,), engine=make_noop),
-            StageSpec(2, "c", StageKind.AR, inputs=(1,), engine=make_noop, final_output=True,
-                      output_modality="text"),
+            StageSpec(
+                2, "c", StageKind.AR, inputs=(1,), engine=make_noop, final_output=True, output_modality="text"
+            ),
         ),
     )
 
@@ -118,12 +119,16 @@ async def main() -> None:
             rps64, m64 = await run(omni, args.requests, 64)
         h = hops(m1)
         results[placement] = (pct(h, 50) * 1e3, pct(h, 99) * 1e3, rps1, rps64)
-        print(f"{placement:8s} hop p50 {results[placement][0]:.3f} ms  p99 {results[placement][1]:.3f} ms  "
-              f"req/s c=1 {rps1:.0f}  c=64 {rps64:.0f}")
+        print(
+            f"{placement:8s} hop p50 {results[placement][0]:.3f} ms  p99 {results[placement][1]:.3f} ms  "
+            f"req/s c=1 {rps1:.0f}  c=64 {rps64:.0f}"
+        )
     p, i = results["process"], results["inline"]
     print(f"process/inline: hop p50 {p[0] / i[0]:.2f}x  req/s c=64 {p[3] / i[3]:.2f}x")
-    print(f"targets: hop p50 < 2 ms: {'met' if p[0] < 2 else 'NOT met'} ({p[0]:.3f} ms); "
-          f">= 1000 req/s: {'met' if p[3] >= 1000 else 'NOT met'} ({p[3]:.0f} req/s at c=64)")
+    print(
+        f"targets: hop p50 < 2 ms: {'met' if p[0] < 2 else 'NOT met'} ({p[0]:.3f} ms); "
+        f">= 1000 req/s: {'met' if p[3] >= 1000 else 'NOT met'} ({p[3]:.0f} req/s at c=64)"
+    )
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 
