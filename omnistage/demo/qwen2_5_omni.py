@@ -90,7 +90,15 @@ SIZES: dict[str, dict[str, Any]] = {
         "vision": {"hidden": 64, "ffn": 128, "depth": 2, "heads": 4, "fullatt": [1]},
         "audio": {"d_model": 64, "ffn": 128, "layers": 2, "heads": 4},
         "talker": {"hidden": 128, "ffn": 384, "layers": 4, "heads": 4, "kv_heads": 2, "head_dim": 32},
-        "dit": {"hidden": 64, "layers": 4, "heads": 4, "head_dim": 16, "ahead": [2], "back": [0, 3], "enc": 32},
+        "dit": {
+            "hidden": 64,
+            "layers": 4,
+            "heads": 4,
+            "head_dim": 16,
+            "ahead": [2],
+            "back": [0, 3],
+            "enc": 32,
+        },
         "bigvgan": {"channels": 128, "kernels": [3], "dilations": [[1, 3, 5]]},
     },
 }
@@ -98,7 +106,11 @@ SIZES: dict[str, dict[str, Any]] = {
 
 def _bytes_to_unicode() -> list[str]:
     """GPT-2's byte → printable character table, in the order that gives Qwen2's ids 0..255."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     rest = [b for b in range(256) if b not in printable]
     chars = [chr(b) for b in printable] + [chr(256 + i) for i in range(len(rest))]
     return chars
@@ -144,7 +156,9 @@ def build_tokenizer() -> Any:
             "audio_eos_token": "<|audio_eos|>",
         },
     )
-    tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in ADDED_TOKENS], special_tokens=True)
+    tokenizer.add_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in ADDED_TOKENS], special_tokens=True
+    )
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
@@ -156,7 +170,11 @@ def build_config(size: str = "tiny") -> Any:
     text, vision, audio, talker, dit, vgan = (
         s[k] for k in ("text", "vision", "audio", "talker", "dit", "bigvgan")
     )
-    rope = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": _mrope_for(text["hidden"] // text["heads"])}
+    rope = {
+        "rope_type": "default",
+        "rope_theta": 1e6,
+        "mrope_section": _mrope_for(text["hidden"] // text["heads"]),
+    }
     thinker = {
         "text_config": {
             "vocab_size": 152064,

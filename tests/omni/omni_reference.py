@@ -34,10 +34,18 @@ def run_reference(
     thinker_max_new_tokens: int = 8,
     talker_max_new_tokens: int = 32,
     seed: int = 0,
+    left_pad: bool = True,
 ) -> ReferenceOutput:
     """Greedy thinker and talker (the talker keeps its default repetition penalty 1.05 and EOS ids); the
     DiT's initial noise comes from the global generator seeded with `seed` right before `generate`."""
     inputs = dict(prompt_to_inputs(processor, prompt))
+    if left_pad:
+        inputs["input_ids"] = torch.cat(
+            [torch.full((1, 1), model.config.thinker_config.text_config.pad_token_id), inputs["input_ids"]], 1
+        )
+        inputs["attention_mask"] = torch.cat(
+            [torch.zeros(1, 1, dtype=inputs["attention_mask"].dtype), inputs["attention_mask"]], 1
+        )
     for key in ("pixel_values", "pixel_values_videos"):
         if key in inputs:  # the composite generate would hand them to the talker too
             inputs[f"thinker_{key}"] = inputs.pop(key)
@@ -67,7 +75,7 @@ def run_reference(
     eos = {model.talker.codec_eos_token, model.talker.codec_pad_token}
     stop = next((i for i, t in enumerate(talker_ids) if t in eos), len(talker_ids))
     return ReferenceOutput(
-        prompt_ids=inputs["input_ids"][0].tolist(),
+        prompt_ids=inputs["input_ids"][0, int(left_pad) :].tolist(),
         text_ids=sequences[0, prompt_len:].tolist(),
         talker_ids=talker_ids,
         codes=talker_ids[:stop],

@@ -50,12 +50,17 @@ class FrameVideoProcessor:
             patches.append(p)
             grids.append(grid)
         return BatchFeature(
-            {"pixel_values_videos": torch.from_numpy(np.concatenate(patches)), "video_grid_thw": torch.tensor(grids)}
+            {
+                "pixel_values_videos": torch.from_numpy(np.concatenate(patches)),
+                "video_grid_thw": torch.tensor(grids),
+            }
         )
 
     def _patchify(self, frames: np.ndarray) -> tuple[np.ndarray, list[int]]:
         if frames.ndim != 4 or frames.shape[-1] != 3:
-            raise InvalidRequestError("a video must be uint8 frames [F, H, W, 3]", param="multi_modal_data.video")
+            raise InvalidRequestError(
+                "a video must be uint8 frames [F, H, W, 3]", param="multi_modal_data.video"
+            )
         factor = self.patch_size * self.merge_size
         h, w = smart_resize(frames.shape[1], frames.shape[2], factor, self.min_pixels, self.max_pixels)
         resized = np.stack([np.asarray(Image.fromarray(f).resize((w, h), Image.BICUBIC)) for f in frames])
@@ -129,12 +134,16 @@ def prompt_to_inputs(processor: Qwen2_5OmniProcessor, prompt: Any) -> BatchFeatu
     elif isinstance(prompt.get("prompt"), str):
         text = prompt["prompt"]
     else:
-        raise InvalidRequestError("a dict prompt needs 'prompt', 'messages' or 'prompt_token_ids'", param="prompt")
+        raise InvalidRequestError(
+            "a dict prompt needs 'prompt', 'messages' or 'prompt_token_ids'", param="prompt"
+        )
     kwargs = {k: v for k, v in media.items() if v}
     try:
         return processor(text=text, return_tensors="pt", padding=False, **kwargs)
     except (ValueError, IndexError) as exc:
-        raise InvalidRequestError(f"prompt does not match its media: {exc}", param="multi_modal_data") from exc
+        raise InvalidRequestError(
+            f"prompt does not match its media: {exc}", param="multi_modal_data"
+        ) from exc
 
 
 def _media(prompt: dict[str, Any]) -> dict[str, list[Any]]:
@@ -161,7 +170,9 @@ def _image(value: Any) -> Image.Image:
         return value.convert("RGB")
     array = np.asarray(value)
     if array.ndim != 3 or array.shape[-1] != 3 or array.dtype != np.uint8:
-        raise InvalidRequestError("an image must be a PIL image or uint8 [H, W, 3]", param="multi_modal_data.image")
+        raise InvalidRequestError(
+            "an image must be a PIL image or uint8 [H, W, 3]", param="multi_modal_data.image"
+        )
     return Image.fromarray(array)
 
 

@@ -1,30 +1,32 @@
-"""Qwen2.5-Omni code2wav (flow-matching DiT → mel → BigVGAN → 24 kHz), whole or streamed chunk by chunk.
+"""Qwen2.5-Omni code2wav (flow-matching DiT → mel → BigVGAN → 24 kHz) as a generator for the generation
+engine, decoding whole code sequences or windows of a growing one.
 
 Network code is transformers' `Qwen2_5OmniToken2WavModel`; what it lacks is an explicit initial state for
-the ODE (it draws `torch.randn` from the global generator) and a way to decode a growing code stream.
+the ODE (`sample` draws `torch.randn` from the global generator) and batching several requests.
 
-Whole decoding reproduces the reference exactly: the initial noise is `randn([1, 2·codes, 80])` from a
+*Whole sequences* reproduce the reference exactly: the initial noise is `randn([1, 2·codes, 80])` from a
 generator seeded with the request's seed, which is what `generate(return_audio=True)` draws after
 `torch.manual_seed(seed)`.
 
-Streaming (async chunk) rests on three facts:
-1. *Noise.* CPU `randn` fills uniforms in order and transforms them 16 at a time, so drawing 80 values per
-   mel frame incrementally gives exactly the prefix of the one-shot draw (checked by a test). Each frame
-   keeps the noise it has in the reference.
-2. *DiT.* Attention is block-local (blocks of 24 mel frames = 12 codes); a layer in `look_ahead_layers`
-   sees one block ahead, one in `look_backward_layers` one block back. Across the 36 velocity evaluations of
-   the RK4 solve the reach compounds, but the influence decays geometrically with block distance (measured:
-   ~50-100× per block on the tiny checkpoint). A chunk is therefore solved on a block-aligned window with
-   `left_blocks` of already-final context before it and `right_blocks` of look-ahead after it; only its own
-   blocks are kept. Block alignment keeps the window's block partition identical to the reference's.
-3. *Vocoder.* BigVGAN is purely convolutional: an output sample depends on mel frames within a fixed
-   radius (measured once per model by a perturbation probe). Vocoding a window with that many frames of
-   context on each side and trimming reproduces the whole-sequence output to float rounding.
-So the only approximation is the DiT's truncated context; its size is the error/latency trade-off.
+*Windows* (async chunk: the engine decodes `[start - left, end + right)` and keeps `[start, end)`) rest on
+three facts, so the joined audio stays within ~1e-5 of the whole-sequence decode:
+1. Noise. CPU `randn` fills uniforms in order and transforms them 16 at a time; with 80 values per mel
+   frame, the first n frames of a draw are the same whatever its length (a test checks it). A window uses
+   the frames of the request's one noise sequence that it covers, as the reference would.
+2. DiT. Attention is block-local (24 mel frames = 12 codes per block); a layer in `look_ahead_layers` also
+   sees the next block, one in `look_backward_layers` the previous one. Over the 36 velocity evaluations
+   of the RK4 solve the reach compounds, but the influence decays geometrically with block distance
+   (measured on the tiny checkpoint: ~50-100x per block). Windows start on block boundaries (left context
+   and chunk sizes in whole blocks), so their block partition is the reference's, and a chunk is solved
+   with whole blocks of context on both sides.
+3. Vocoder. BigVGAN is convolutional: an output sample depends on mel frames within a fixed radius
+   (`vocoder_radius`, measured once by perturbing a probe). The right context adds that radius, so the
+   vocoder never reads the least accurate frames at a window's right edge for emitted audio.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import logging
@@ -33,185 +35,200 @@ from typing import Any
 import torch
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
 
+from omnistage.params import GenerationParams
+from omnistage.stages.base import EngineContext
+from omnistage.stages.generation.engine import GenerationEngine
+
 logger = logging.getLogger(__name__)
+
+SAMPLE_RATE = 24000
 
 
 @dataclasses.dataclass(frozen=True)
-class StreamSettings:
-    chunk_blocks: int = 1  # DiT blocks finalised per decode (1 block = 12 codes = 0.24 s of audio)
-    left_blocks: int = 2  # already-final blocks the DiT window starts with
-    right_blocks: int = 2  # look-ahead blocks the DiT window needs before a chunk is final
+class SolverSettings:
+    """The reference's `Qwen2_5OmniToken2WavModel.forward` defaults."""
+
     num_steps: int = 10
     guidance_scale: float = 0.5
     sway_coefficient: float = -1.0
 
 
-@dataclasses.dataclass
-class Token2WavStream:
-    """One request's streaming state: codes so far, its noise, final mel frames, vocoded frames."""
+class Token2WavGenerator:
+    """`generate(windows, params, starts)`: one waveform per code window; `starts[i]` is the window's first
+    code in the whole sequence (the noise it gets depends on it). `params[i].seed` seeds the request's noise
+    and `params[i].extra["speaker"]` picks its speaker."""
 
-    cond: torch.Tensor  # [1, enc_emb_dim]
-    ref_mel: torch.Tensor  # [1, T_ref, mel_dim]
-    generator: torch.Generator
-    codes: list[int] = dataclasses.field(default_factory=list)
-    noise: torch.Tensor | None = None  # [1, frames drawn, mel_dim]
-    mel: torch.Tensor | None = None  # [1, mel_dim, final frames]
-    vocoded: int = 0  # mel frames already turned into audio
-    finished: bool = False
+    positional = True
+    sample_rate = SAMPLE_RATE
 
-
-class Token2WavDecoder:
-    def __init__(self, model: Any, speakers: dict[str, dict[str, Any]], settings: StreamSettings | None = None):
-        self.model = model.float().eval()
-        self.dit = model.code2wav_dit_model
-        self.vocoder = model.code2wav_bigvgan_model
+    def __init__(
+        self, model: Any, speakers: dict[str, dict[str, Any]], settings: SolverSettings | None = None
+    ):
+        self.dit = model.code2wav_dit_model.float().eval()
+        self.vocoder = model.code2wav_bigvgan_model.float().eval()
         self.speakers = speakers
-        self.settings = settings or StreamSettings()
+        self.settings = settings or SolverSettings()
         self.block = int(self.dit.block_size)
         self.repeats = int(self.dit.repeats)
         self.mel_dim = int(self.dit.mel_dim)
-        self.hop = 1
+        hop = 1
         for rate in self.vocoder.config.upsample_rates:
-            self.hop *= int(rate)
-
-    # ----- whole sequences (full handoff) -----------------------------------------------------------------
-
-    @torch.no_grad()
-    def decode(self, codes: list[int], speaker: str, seed: int) -> torch.Tensor:
-        """The reference waveform for `codes` (float32 mono)."""
-        stream = self.open(speaker, seed)
-        noise = self._noise(stream, len(codes) * self.repeats)
-        mel = self._solve(noise, torch.tensor([codes]), stream.cond, stream.ref_mel)
-        return self._vocode(mel)[0]
-
-    # ----- streams (async chunk) ---------------------------------------------------------------------------
-
-    def open(self, speaker: str, seed: int) -> Token2WavStream:
-        spk = self.speakers[speaker]
-        return Token2WavStream(
-            cond=spk["cond"].float(),
-            ref_mel=spk["ref_mel"].float(),
-            generator=torch.Generator().manual_seed(int(seed)),
+            hop *= int(rate)
+        self.hop = hop
+        self.outputs_per_frame = self.repeats * hop
+        self.stop_codes: list[int] = []
+        self._noise_cache: collections.OrderedDict[int, tuple[torch.Generator, torch.Tensor]] = (
+            collections.OrderedDict()
         )
 
-    @torch.no_grad()
-    def feed(self, stream: Token2WavStream, codes: list[int], last: bool) -> torch.Tensor:
-        """Take more codes; return the audio that became final (possibly empty)."""
-        stream.codes.extend(int(c) for c in codes)
-        stream.finished = stream.finished or last
-        parts = []
-        while (window := self._next_window(stream)) is not None:
-            self._finalise_mel(stream, *window)
-            parts.append(self._vocode_ready(stream))
-        if stream.finished:
-            parts.append(self._vocode_ready(stream))
-        parts = [p for p in parts if p.numel()]
-        return torch.cat(parts) if parts else torch.zeros(0)
+    @property
+    def codes_per_block(self) -> int:
+        return self.block // self.repeats
 
-    def _next_window(self, stream: Token2WavStream) -> tuple[int, int, int] | None:
-        """(window start frame, emit start frame, emit end frame) of the next chunk the codes allow."""
-        s, block = self.settings, self.block
-        total = len(stream.codes) * self.repeats
-        done = 0 if stream.mel is None else stream.mel.shape[-1]
-        if done >= total:
-            return None
-        emit_end = done + s.chunk_blocks * block
-        if not stream.finished and emit_end + s.right_blocks * block > total:
-            return None
-        emit_end = min(emit_end, total)
-        return max(0, done - s.left_blocks * block), done, emit_end
+    # ----- the generator protocol -------------------------------------------------------------------------
+    @torch.inference_mode()
+    def generate(
+        self, windows: list[torch.Tensor], params: list[Any], starts: list[int]
+    ) -> list[torch.Tensor]:
+        """Windows of equal length and speaker share one batched DiT solve and one vocoder pass."""
+        groups: dict[tuple[int, str], list[int]] = {}
+        for i, (window, p) in enumerate(zip(windows, params, strict=True)):
+            groups.setdefault((len(window), _speaker(p)), []).append(i)
+        results: list[torch.Tensor | None] = [None] * len(windows)
+        for (length, speaker), members in groups.items():
+            frames = length * self.repeats
+            noise = torch.cat(
+                [self._noise(_seed(params[i]), starts[i] * self.repeats, frames) for i in members]
+            )
+            codes = torch.stack([windows[i].long().reshape(-1) for i in members])
+            mel = self._solve(noise, codes, speaker)
+            for i, wav in zip(members, self._vocode(mel), strict=True):
+                results[i] = wav
+        return results
 
-    def _finalise_mel(self, stream: Token2WavStream, start: int, emit: int, emit_end: int) -> None:
-        s, total = self.settings, len(stream.codes) * self.repeats
-        end = min(total, emit_end + s.right_blocks * self.block)
-        if stream.finished:
-            end = total
-        noise = self._noise(stream, end)[:, start:end]
-        codes = torch.tensor([stream.codes[start // self.repeats : end // self.repeats]])
-        mel = self._solve(noise, codes, stream.cond, stream.ref_mel)[..., emit - start : emit_end - start]
-        stream.mel = mel if stream.mel is None else torch.cat([stream.mel, mel], dim=-1)
-
-    def _vocode_ready(self, stream: Token2WavStream) -> torch.Tensor:
-        """Vocode the final mel frames whose receptive field is complete (all of them at the end)."""
-        if stream.mel is None:
-            return torch.zeros(0)
-        radius = self.vocoder_radius
-        done = stream.mel.shape[-1]
-        stop = done if stream.finished and self._next_window(stream) is None else done - radius
-        if stop <= stream.vocoded:
-            return torch.zeros(0)
-        start = max(0, stream.vocoded - radius)
-        wav = self._vocode(stream.mel[..., start : min(done, stop + radius)])[0]
-        wav = wav[(stream.vocoded - start) * self.hop : (stop - start) * self.hop]
-        stream.vocoded = stop
-        return wav
+    def decode(self, codes: list[int], speaker: str, seed: int) -> torch.Tensor:
+        """The whole-sequence waveform (what the reference returns for these codes and seed)."""
+        params = GenerationParams(seed=seed, extra={"speaker": speaker})
+        return self.generate([torch.tensor(codes)], [params], [0])[0]
 
     # ----- the networks ------------------------------------------------------------------------------------
+    def _noise(self, seed: int, first: int, frames: int) -> torch.Tensor:
+        """Frames [first, first + frames) of the request's initial ODE state, drawn in order as needed."""
+        generator, drawn = self._noise_cache.pop(seed, (None, None))
+        if generator is None:
+            generator = torch.Generator().manual_seed(seed)
+            drawn = torch.empty(1, 0, self.mel_dim)
+        need = first + frames - drawn.shape[1]
+        if need > 0:
+            drawn = torch.cat([drawn, torch.randn(1, need, self.mel_dim, generator=generator)], dim=1)
+        self._noise_cache[seed] = (generator, drawn)
+        while len(self._noise_cache) > 256:
+            self._noise_cache.popitem(last=False)
+        return drawn[:, first : first + frames]
 
-    def _noise(self, stream: Token2WavStream, frames: int) -> torch.Tensor:
-        """The stream's initial ODE state for frames [0, frames), drawn in order as it grows."""
-        have = 0 if stream.noise is None else stream.noise.shape[1]
-        if frames > have:
-            more = torch.randn(1, frames - have, self.mel_dim, generator=stream.generator)
-            stream.noise = more if stream.noise is None else torch.cat([stream.noise, more], dim=1)
-        return stream.noise[:, :frames]
-
-    def _solve(
-        self, noise: torch.Tensor, codes: torch.Tensor, cond: torch.Tensor, ref_mel: torch.Tensor
-    ) -> torch.Tensor:
-        """The DiT's flow-matching ODE from `noise` [B, T, mel] → mel [B, mel, T] (the reference's `sample`
-        with the initial state passed in)."""
+    def _solve(self, noise: torch.Tensor, codes: torch.Tensor, speaker: str) -> torch.Tensor:
+        """The DiT's flow-matching ODE from `noise` [B, T, mel] to mel [B, mel, T]: the reference's
+        `sample` with the initial state passed in."""
         s, dit = self.settings, self.dit
-        frames = noise.shape[1]
-        batch = noise.shape[0]
-        cond = cond.expand(batch, -1).unsqueeze(1).repeat(1, frames, 1)
-        ref_mel = ref_mel.expand(batch, -1, -1)
+        batch, frames = noise.shape[0], noise.shape[1]
+        spk = self.speakers[speaker]
+        cond = spk["cond"].float().expand(batch, -1).unsqueeze(1).repeat(1, frames, 1)
+        ref_mel = spk["ref_mel"].float().expand(batch, -1, -1)
+        inputs = {"condition_vector": ref_mel, "speaker_embedding": cond, "quantized_code": codes}
 
         def velocity(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-            inputs = {"hidden_states": x, "condition_vector": ref_mel, "speaker_embedding": cond}
             if s.guidance_scale < 1e-5:
-                return dit(**inputs, quantized_code=codes, time_step=t, apply_cfg=False)
-            out = dit(**inputs, quantized_code=codes, time_step=t, apply_cfg=True)
-            guided, null = torch.chunk(out, 2, dim=0)
+                return dit(hidden_states=x, time_step=t, apply_cfg=False, **inputs)
+            guided, null = torch.chunk(dit(hidden_states=x, time_step=t, apply_cfg=True, **inputs), 2, dim=0)
             return guided + (guided - null) * s.guidance_scale
 
-        times = torch.linspace(0, 1, s.num_steps, dtype=cond.dtype)
+        times = torch.linspace(0, 1, s.num_steps)
         if s.sway_coefficient is not None:
             times = times + s.sway_coefficient * (torch.cos(torch.pi / 2 * times) - 1 + times)
-        return RungeKutta4ODESolver(function=velocity, initial_value=noise).integrate(times)[-1].permute(0, 2, 1)
+        trajectory = RungeKutta4ODESolver(function=velocity, initial_value=noise).integrate(times)
+        return trajectory[-1].permute(0, 2, 1)
 
     def _vocode(self, mel: torch.Tensor) -> torch.Tensor:
-        """BigVGAN on mel [B, mel, T] → [B, T·hop] float32 (the model squeezes its batch away)."""
+        """BigVGAN on mel [B, mel, T] → [B, T·hop] float32 (the model squeezes the batch away)."""
         return self.vocoder(mel).reshape(mel.shape[0], -1).float()
 
     @functools.cached_property
     def vocoder_radius(self) -> int:
-        """Mel frames on each side an output sample depends on, found by perturbing one frame of a probe."""
-        probe_len = 8 * max(8, self._analytic_radius())
-        mel = torch.randn(1, self.mel_dim, probe_len, generator=torch.Generator().manual_seed(0)) - 3.0
-        bumped = mel.clone()
-        mid = probe_len // 2
-        bumped[..., mid] += 1.0
+        """Mel frames on either side an output sample depends on: perturb one frame of a probe and see
+        which samples move (before the output clamp)."""
+        length = 8 * self._radius_bound()
+        probe = torch.randn(1, self.mel_dim, length, generator=torch.Generator().manual_seed(0)) - 3.0
+        bumped = probe.clone()
+        bumped[..., length // 2] += 1.0
         captured: list[torch.Tensor] = []
         hook = self.vocoder.conv_post.register_forward_hook(lambda m, i, o: captured.append(o))
         try:
-            with torch.no_grad():
-                self.vocoder(mel)
+            with torch.inference_mode():
+                self.vocoder(probe)
                 self.vocoder(bumped)
         finally:
             hook.remove()
-        changed = torch.nonzero((captured[0] - captured[1]).abs()[0, 0] > 0).flatten()
-        reach = max(mid - int(changed.min()) // self.hop, int(changed.max()) // self.hop - mid)
-        return reach + 1
+        moved = torch.nonzero((captured[0] - captured[1]).abs()[0, 0] > 0).flatten()
+        mid = length // 2
+        return max(mid - int(moved.min()) // self.hop, int(moved.max()) // self.hop - mid) + 1
 
-    def _analytic_radius(self) -> int:
-        """A generous bound used only to size the probe."""
+    def _radius_bound(self) -> int:
+        """A generous analytic bound on the vocoder radius, only to size the probe."""
         cfg = self.vocoder.config
-        per_block = max(sum(d * (k - 1) // 2 + (k - 1) // 2 + 12 for d in dil) for k, dil in
-                        zip(cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes, strict=True))
-        rate, radius = 1, 4.0
+        block = max(
+            sum(d * (k - 1) // 2 + (k - 1) // 2 + 12 for d in dilations)
+            for k, dilations in zip(cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes, strict=True)
+        )
+        rate, bound = 1, 4.0
         for up, kernel in zip(cfg.upsample_rates, cfg.upsample_kernel_sizes, strict=True):
-            radius += kernel / up / rate + 1
+            bound += kernel / up / rate + 1
             rate *= up
-            radius += per_block / rate
-        return int(radius) + 2
+            bound += block / rate
+        return int(bound) + 2
+
+
+def _speaker(params: Any) -> str:
+    return (getattr(params, "extra", None) or {}).get("speaker", "Chelsie")
+
+
+def _seed(params: Any) -> int:
+    seed = getattr(params, "seed", None)
+    if seed is None:
+        raise ValueError("code2wav needs a seed per request (its input processor sets one)")
+    return int(seed)
+
+
+def create_engine(ctx: EngineContext) -> GenerationEngine:
+    """The code2wav stage: transformers' token2wav behind the generation engine.
+
+    engine_args: `chunk_blocks` (2), `left_blocks` (3), `right_blocks` (2) size async-chunk decoding in DiT
+    blocks (12 codes each; the vocoder's radius is added to the right context); `num_steps`,
+    `guidance_scale`, `sway_coefficient` override the solver's defaults. A stage deployed with
+    `async_chunk: false` decodes each request in one pass, exactly as the reference.
+    """
+    from omnistage.models.qwen2_5_omni.loaders import load_token2wav
+
+    args = ctx.engine_args
+    model, speakers = load_token2wav(ctx.model_dir, ctx.device)
+    solver = {k: args[k] for k in ("num_steps", "guidance_scale", "sway_coefficient") if k in args}
+    generator = Token2WavGenerator(model, speakers, SolverSettings(**solver))
+    generator.stop_codes = _stop_codes(ctx.model_dir)
+    if ctx.deploy.async_chunk is False:
+        return GenerationEngine(generator, max_num_seqs=ctx.deploy.max_num_seqs)
+    per_block = generator.codes_per_block
+    lookahead = -(-generator.vocoder_radius // generator.repeats)
+    return GenerationEngine(
+        generator,
+        max_num_seqs=ctx.deploy.max_num_seqs,
+        chunk_size=int(args.get("chunk_blocks", 2)) * per_block,
+        left_context=int(args.get("left_blocks", 3)) * per_block,
+        right_context=int(args.get("right_blocks", 2)) * per_block + lookahead,
+    )
+
+
+def _stop_codes(model_dir: str) -> list[int]:
+    """The talker tokens that end speech (the reference's `talker_eos_token_id`): never decoded."""
+    from transformers import AutoConfig
+
+    talker = AutoConfig.from_pretrained(model_dir).talker_config
+    return [talker.tts_codec_pad_token_id, talker.tts_codec_end_token_id]

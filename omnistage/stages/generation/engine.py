@@ -22,7 +22,12 @@ logger = logging.getLogger(__name__)
 
 
 class Generator(Protocol):
-    """A single-pass model. `outputs_per_frame` output rows correspond to one input frame."""
+    """A single-pass model. `outputs_per_frame` output rows correspond to one input frame.
+
+    A generator whose output depends on where a window sits in the whole input (absolute positions,
+    per-frame noise) sets `positional = True` and is called as `generate(windows, params, starts)`, with
+    each window's first frame index in its request's input.
+    """
 
     outputs_per_frame: int
     sample_rate: int | None
@@ -110,14 +115,18 @@ class GenerationEngine:
         return outputs
 
     def _run(self, batch: list[tuple[str, _Request, int, int]]) -> list[StageOutput]:
-        windows, params = [], []
+        windows, params, starts = [], [], []
         for _, state, start, end in batch:
             lo = max(0, start - self.left_context)
             hi = min(state.available, end + self.right_context)
             windows.append(state.inputs()[lo:hi])
             params.append(state.request.params)
+            starts.append(lo)
         with torch.inference_mode():
-            results = self.generator.generate(windows, params)
+            if getattr(self.generator, "positional", False):
+                results = self.generator.generate(windows, params, starts)
+            else:
+                results = self.generator.generate(windows, params)
         self.passes += 1
         per = self.generator.outputs_per_frame
         outputs = []
