@@ -24,14 +24,15 @@ import torch
 
 from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
 from omnistage.config.resolve import ModelInfo
-from omnistage.models.qwen2_5_omni.talker import DEFAULT_SPEAKER, talker_prompt
-from omnistage.models.qwen2_5_omni.thinker import thinker_prompt
+from omnistage.errors import InvalidRequestError
 from omnistage.outputs import StageOutput
 from omnistage.params import GenerationParams
 from omnistage.pipelines import registry
 from omnistage.stages.base import StageInputContext, StageRequest
 
+# Model helpers are imported inside the processors: each stage process imports only what it runs.
 _MODELS = "omnistage.models.qwen2_5_omni"
+DEFAULT_SPEAKER = "Chelsie"
 # The reference's talker sampling (`generate(talker_do_sample=True, ...)` defaults).
 TALKER_DEFAULTS = {
     "temperature": 0.9,
@@ -49,11 +50,20 @@ def speaker_of(prompt: Any) -> str:
 
 # ---- input processors (each runs in its stage's process, next to the model it feeds) --------------------
 def thinker_input(ctx: StageInputContext) -> StageRequest:
+    from omnistage.models.qwen2_5_omni.thinker import thinker_prompt
+
+    speakers = ctx.engine.model.speakers
+    if speakers and speaker_of(ctx.prompt) not in speakers:  # fail before any work, not at the talker
+        raise InvalidRequestError(
+            f"unknown speaker {speaker_of(ctx.prompt)!r}; this model has {speakers}", param="speaker"
+        )
     ids, inputs = thinker_prompt(ctx.engine.model, ctx.prompt)
     return StageRequest(ctx.request_id, prompt=ids, params=ctx.params, inputs=inputs)
 
 
 def talker_input(ctx: StageInputContext) -> StageRequest:
+    from omnistage.models.qwen2_5_omni.talker import talker_prompt
+
     thinker = ctx.upstream[0]
     ids, inputs = talker_prompt(
         ctx.engine.model,

@@ -37,15 +37,20 @@ def run_reference(
     left_pad: bool = True,
 ) -> ReferenceOutput:
     """Greedy thinker and talker (the talker keeps its default repetition penalty 1.05 and EOS ids); the
-    DiT's initial noise comes from the global generator seeded with `seed` right before `generate`."""
+    DiT's initial noise comes from the global generator seeded with `seed` right before `generate`.
+
+    `left_pad` prepends one masked pad token. Why: transformers 5's `generate` drops an attention mask that
+    is all ones, and the composite model's talker keys off that mask: without it, the talker's prefill skips
+    the codec pad/BOS embeddings on its last two prompt rows and uses plain instead of multimodal RoPE
+    positions. With one masked token the reference takes the path the model was designed (and trained)
+    with, which is what omnistage implements; the pad changes nothing else (masked, positions skip it).
+    """
     inputs = dict(prompt_to_inputs(processor, prompt))
     if left_pad:
-        inputs["input_ids"] = torch.cat(
-            [torch.full((1, 1), model.config.thinker_config.text_config.pad_token_id), inputs["input_ids"]], 1
-        )
-        inputs["attention_mask"] = torch.cat(
-            [torch.zeros(1, 1, dtype=inputs["attention_mask"].dtype), inputs["attention_mask"]], 1
-        )
+        pad = model.config.thinker_config.text_config.pad_token_id
+        inputs["input_ids"] = torch.cat([torch.full((1, 1), pad), inputs["input_ids"]], dim=1)
+        mask = inputs["attention_mask"]
+        inputs["attention_mask"] = torch.cat([torch.zeros(1, 1, dtype=mask.dtype), mask], dim=1)
     for key in ("pixel_values", "pixel_values_videos"):
         if key in inputs:  # the composite generate would hand them to the talker too
             inputs[f"thinker_{key}"] = inputs.pop(key)

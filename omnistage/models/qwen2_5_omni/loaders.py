@@ -22,7 +22,7 @@ from safetensors import safe_open
 from transformers import AutoConfig
 
 from omnistage.stages.ar.attention import ATTENTION_NAME
-from omnistage.stages.ar.loader import LoadedModel, eos_token_ids, load_tokenizer
+from omnistage.stages.ar.loader import LoadedModel, eos_token_ids
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,7 @@ class ThinkerModel(LoadedModel):
 
     thinker: Any = None  # Qwen2_5OmniThinkerForConditionalGeneration
     processor: Any = None
+    speakers: list[str] = dataclasses.field(default_factory=list)  # checked before the thinker runs
 
 
 @dataclasses.dataclass
@@ -108,16 +109,19 @@ def load_thinker(model_dir: str, dtype: torch.dtype, device: str) -> ThinkerMode
     )
     thinker.to(device).eval()
     text_config = thinker.config.text_config
+    processor = load_processor(model_dir)
+    has_speakers = (Path(model_dir) / "spk_dict.pt").exists()
     return ThinkerModel(
         embed=thinker.get_input_embeddings(),
         decoder=thinker.model.language_model,
         head=thinker.lm_head,
         config=text_config,
-        tokenizer=load_tokenizer(model_dir),
+        tokenizer=processor.tokenizer,
         eos_token_ids=eos_token_ids(model_dir, text_config),
         root=thinker,
         thinker=thinker,
-        processor=load_processor(model_dir),
+        processor=processor,
+        speakers=sorted(load_speakers(model_dir)) if has_speakers else [],
     )
 
 

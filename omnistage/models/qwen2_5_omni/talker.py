@@ -24,8 +24,6 @@ import torch
 
 from omnistage.errors import InvalidRequestError
 
-DEFAULT_SPEAKER = "Chelsie"
-
 
 @torch.inference_mode()
 def talker_prompt(

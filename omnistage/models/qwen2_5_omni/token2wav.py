@@ -156,7 +156,7 @@ class Token2WavGenerator:
     def vocoder_radius(self) -> int:
         """Mel frames on either side an output sample depends on: perturb one frame of a probe and see
         which samples move (before the output clamp)."""
-        length = 8 * self._radius_bound()
+        length = 2 * self._radius_bound() + 2
         probe = torch.randn(1, self.mel_dim, length, generator=torch.Generator().manual_seed(0)) - 3.0
         bumped = probe.clone()
         bumped[..., length // 2] += 1.0
