@@ -85,11 +85,13 @@ SIZES: dict[str, dict[str, Any]] = {
         "dit": {"hidden": 32, "layers": 2, "heads": 2, "head_dim": 16, "ahead": [1], "back": [0], "enc": 32},
         "bigvgan": {"channels": 128, "kernels": [3], "dilations": [[1, 3, 5]]},
     },
+    # Proportioned like the real model (the thinker dominates, the talker next, code2wav least), large enough
+    # that batching and overlap matter, small enough for a 2-core benchmark.
     "bench": {
-        "text": {"hidden": 256, "ffn": 768, "layers": 4, "heads": 8, "kv_heads": 2},
+        "text": {"hidden": 512, "ffn": 1536, "layers": 6, "heads": 8, "kv_heads": 2},
         "vision": {"hidden": 64, "ffn": 128, "depth": 2, "heads": 4, "fullatt": [1]},
         "audio": {"d_model": 64, "ffn": 128, "layers": 2, "heads": 4},
-        "talker": {"hidden": 128, "ffn": 384, "layers": 4, "heads": 4, "kv_heads": 2, "head_dim": 32},
+        "talker": {"hidden": 256, "ffn": 768, "layers": 4, "heads": 4, "kv_heads": 2, "head_dim": 64},
         "dit": {
             "hidden": 64,
             "layers": 4,
@@ -99,7 +101,7 @@ SIZES: dict[str, dict[str, Any]] = {
             "back": [0, 3],
             "enc": 32,
         },
-        "bigvgan": {"channels": 128, "kernels": [3], "dilations": [[1, 3, 5]]},
+        "bigvgan": {"channels": 64, "kernels": [3], "dilations": [[1, 3, 5]]},
     },
 }
 

@@ -58,3 +58,14 @@ def test_stage_outputs_equal_reference(name, engines, references):
     assert engines[3].passes > engines[2].passes  # decoded window by window
     assert chunked.shape == ref.waveform.shape
     assert float((chunked - ref.waveform).abs().max()) <= ASYNC_TOLERANCE
+
+
+def test_thinker_returns_every_hidden_row_despite_a_cached_prefix(engines):
+    """Requests sharing the system prompt: the second must not skip computing (and returning) its cached
+    prefix, or the talker would miss rows."""
+    thinker = engines[0]
+    for prompt in ("Hello there", "Hello again"):
+        result = run_stage(0, thinker, prompt, greedy_params()[0], {})
+        rows = result.tensor("hidden_states").shape[0]
+        assert rows == len(result.data["prompt_token_ids"]) + len(result.token_ids) - 1
+    assert thinker.stats()["prefix_cache_queries"] > 0
