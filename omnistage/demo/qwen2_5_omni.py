@@ -23,7 +23,7 @@ from omnistage.demo.cache import cached_dir
 
 logger = logging.getLogger(__name__)
 
-VERSION = "1"
+VERSION = "2"
 SEED = 0
 REGULAR_VOCAB = 151643  # Qwen2's byte-level BPE entries; added tokens start right after.
 
@@ -88,7 +88,7 @@ SIZES: dict[str, dict[str, Any]] = {
     # Proportioned like the real model (the thinker dominates, the talker next, code2wav least), large enough
     # that batching and overlap matter, small enough for a 2-core benchmark.
     "bench": {
-        "text": {"hidden": 512, "ffn": 1536, "layers": 6, "heads": 8, "kv_heads": 2},
+        "text": {"hidden": 256, "ffn": 768, "layers": 4, "heads": 4, "kv_heads": 2},
         "vision": {"hidden": 64, "ffn": 128, "depth": 2, "heads": 4, "fullatt": [1]},
         "audio": {"d_model": 64, "ffn": 128, "layers": 2, "heads": 4},
         "talker": {"hidden": 256, "ffn": 768, "layers": 4, "heads": 4, "kv_heads": 2, "head_dim": 64},

@@ -24,7 +24,7 @@ def generator(omni_dir):
 
 @pytest.fixture(scope="module")
 def codes():
-    return torch.randint(0, 8192, (48,), generator=torch.Generator().manual_seed(3)).tolist()
+    return torch.randint(0, 8192, (72,), generator=torch.Generator().manual_seed(3)).tolist()
 
 
 def engine(omni_dir, async_chunk: bool, **engine_args):

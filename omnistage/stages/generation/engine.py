@@ -61,12 +61,18 @@ class GenerationEngine:
         right_context: int = 0,
         input_key: str = "codes",
         output_key: str = "audio",
+        max_chunk_size: int | None = None,
     ):
         if chunk_size is not None and chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
         self.generator = generator
         self.max_num_seqs = max_num_seqs
         self.chunk_size = chunk_size
+        # A request whose input got ahead of decoding catches up in one longer span (whole chunks, at most
+        # this many frames): its context is paid once instead of once per chunk.
+        self.max_chunk_size = chunk_size
+        if chunk_size and max_chunk_size:
+            self.max_chunk_size = max(chunk_size, max_chunk_size // chunk_size * chunk_size)
         self.left_context = left_context
         self.right_context = right_context
         self.input_key = input_key
@@ -155,10 +161,13 @@ class GenerationEngine:
         if state.complete:
             if pending <= 0:
                 return start, start
-            return start, start + (pending if self.chunk_size is None else min(pending, self.chunk_size))
-        if self.chunk_size is None or pending - self.right_context < self.chunk_size:
+            return start, start + (pending if self.chunk_size is None else min(pending, self.max_chunk_size))
+        if self.chunk_size is None:
             return None
-        return start, start + self.chunk_size
+        ready = (pending - self.right_context) // self.chunk_size * self.chunk_size
+        if ready < self.chunk_size:
+            return None
+        return start, start + min(ready, self.max_chunk_size)
 
     def _frames(self, value: Any) -> torch.Tensor:
         if value is None:
@@ -177,12 +186,13 @@ class GenerationEngine:
 
 def create_engine(ctx: EngineContext) -> GenerationEngine:
     """`engine_args`: `generator` ("module:function" called with the context, returning a Generator),
-    and optionally `chunk_size`, `left_context`, `right_context`, `input_key`, `output_key`."""
+    and optionally `chunk_size`, `max_chunk_size`, `left_context`, `right_context`, `input_key`,
+    `output_key`."""
     args = dict(ctx.engine_args)
     factory = load_ref(args.pop("generator", None))
     if factory is None:
         raise ValueError(f"stage {ctx.stage.name}: generation stages need engine_args.generator")
-    known = {"chunk_size", "left_context", "right_context", "input_key", "output_key"}
+    known = {"chunk_size", "max_chunk_size", "left_context", "right_context", "input_key", "output_key"}
     options = {k: v for k, v in args.items() if k in known}
     return GenerationEngine(factory(ctx), max_num_seqs=ctx.deploy.max_num_seqs, **options)
 
