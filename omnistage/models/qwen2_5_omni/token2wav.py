@@ -33,6 +33,8 @@ import logging
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
 
 from omnistage.params import GenerationParams
@@ -42,6 +44,47 @@ from omnistage.stages.generation.engine import GenerationEngine
 logger = logging.getLogger(__name__)
 
 SAMPLE_RATE = 24000
+
+
+BLOCK_ATTENTION = "omnistage_dit_blocks"
+
+
+def block_local_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """The DiT's attention, block by block.
+
+    Its mask is block-banded: every query of a 24-frame block may see the same contiguous span of keys (its
+    own block, plus one back or ahead in some layers), for every head and batch row. transformers runs it
+    as dense masked SDPA, quadratic in the length; attending each query block to its span only is the same
+    math (masked keys weigh exactly zero) at a cost linear in the length."""
+    block = module.config.block_size
+    length = query.shape[2]
+    allowed = attention_mask[0, 0]
+    out = torch.empty_like(query)
+    for start in range(0, length, block):
+        keys = allowed[start].nonzero()
+        lo, hi, stop = int(keys[0]), int(keys[-1]) + 1, min(start + block, length)
+        out[:, :, start:stop] = F.scaled_dot_product_attention(
+            query[:, :, start:stop], key[:, :, lo:hi], value[:, :, lo:hi], scale=scaling
+        )
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(BLOCK_ATTENTION, block_local_attention)
+
+
+def _block_diff(block: int, hidden_states: torch.Tensor) -> torch.Tensor:
+    """The DiT's block-distance matrix as [1, 1, T, T]. transformers expands it to [B, heads, T, T] and each
+    layer compares every element to build its mask (70% of a solve's time); the masks broadcast alike."""
+    index = torch.arange(hidden_states.shape[1], device=hidden_states.device) // block
+    return (index[None, :] - index[:, None])[None, None]
 
 
 class LastInputMemo(torch.nn.Module):
@@ -97,6 +140,8 @@ class Token2WavGenerator:
         self.hop = hop
         self.outputs_per_frame = self.repeats * hop
         self.stop_codes: list[int] = []
+        self.dit.config._attn_implementation = BLOCK_ATTENTION
+        self.dit._create_block_diff = functools.partial(_block_diff, self.block)
         embed = self.dit.input_embed
         if not isinstance(embed.spk_encoder, LastInputMemo):
             embed.spk_encoder = LastInputMemo(embed.spk_encoder)
