@@ -60,6 +60,7 @@ def summarize(name: str, jct: list[float], ttfa: list[float]) -> dict[str, float
 def run_baseline(model_dir: str, texts: list[str], args: argparse.Namespace) -> tuple[dict, list]:
     from transformers import Qwen2_5OmniForConditionalGeneration
 
+    torch.set_num_threads(args.baseline_threads)
     model = Qwen2_5OmniForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
     processor = load_processor(model_dir)
     kwargs = dict(
@@ -135,16 +136,23 @@ def main() -> None:
     parser.add_argument("--size", default="bench", choices=["tiny", "bench"])
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--thinker-tokens", type=int, default=32)
-    parser.add_argument("--talker-tokens", type=int, default=240)
+    parser.add_argument("--thinker-tokens", type=int, default=24)
+    parser.add_argument("--talker-tokens", type=int, default=288, help="~12 codec tokens per text token")
     parser.add_argument("--skip-baseline", action="store_true")
+    parser.add_argument(
+        "--baseline-threads",
+        type=int,
+        default=1,
+        help="torch threads for the transformers baseline (omnistage's stages run one thread each)",
+    )
     args = parser.parse_args()
     model_dir = str(qwen2_5_omni_dir(args.size))
     texts = prompts(args.requests)
     print(
         f"Qwen2.5-Omni ({args.size}) {model_dir}: {args.requests} requests, concurrency {args.concurrency}, "
         f"{args.thinker_tokens} text + {args.talker_tokens} codec tokens each "
-        f"({args.talker_tokens * 480 / 24000:.1f} s of audio); load average {os.getloadavg()[0]:.2f}",
+        f"({args.talker_tokens * 480 / 24000:.1f} s of audio); baseline threads {args.baseline_threads}; "
+        f"load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )
     full, full_waves = asyncio.run(run_omnistage(model_dir, texts, args, async_chunk=False))
