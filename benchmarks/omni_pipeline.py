@@ -9,7 +9,9 @@ codec tokens per request (min = max tokens), the same seed for the vocoder's noi
 - omnistage full handoff: the default deployment (thinker, talker, code2wav in three processes) with
   code2wav decoding each request once its codes are complete;
 - omnistage async chunk: the same, with code2wav decoding chunks while the talker is still speaking.
-omnistage runs a closed loop with at most `--concurrency` requests in flight.
+omnistage gets all N requests at t0 and serves them with at most `--concurrency` requests in each stage
+at a time (every stage's `max_num_seqs`): a stage takes the next request as soon as it has room, whatever
+the later stages are doing.
 
 Job completion time (JCT) of a request = its completion − t0; time to first audio (TTFA) = its first audio
 chunk − t0 (the baseline returns audio only at the end). Reported: mean and p99 over the N requests, the
@@ -93,7 +95,9 @@ def run_baseline(model_dir: str, texts: list[str], args: argparse.Namespace) -> 
 async def run_omnistage(model_dir: str, texts: list[str], args: argparse.Namespace, async_chunk: bool):
     name = "omnistage async chunk" if async_chunk else "omnistage full handoff"
     started = time.perf_counter()
-    omni = AsyncOmni(model_dir, stage_overrides={"2": {"async_chunk": async_chunk}})
+    overrides = {str(i): {"max_num_seqs": args.concurrency} for i in range(3)}
+    overrides["2"]["async_chunk"] = async_chunk
+    omni = AsyncOmni(model_dir, stage_overrides=overrides)
     print(f"{name}: stages ready in {time.perf_counter() - started:.1f} s", flush=True)
     params = [
         SamplingParams(temperature=0, max_tokens=args.thinker_tokens, min_tokens=args.thinker_tokens),
@@ -106,26 +110,32 @@ async def run_omnistage(model_dir: str, texts: list[str], args: argparse.Namespa
         GenerationParams(seed=0),
     ]
 
-    async def one(text: str, t0: float, gate: asyncio.Semaphore) -> tuple[float, float, torch.Tensor]:
-        async with gate:
-            first = None
-            async for out in omni.generate(text, params):
-                if first is None and out.delta_audio is not None and out.delta_audio.numel():
-                    first = time.perf_counter() - t0
-                if out.finished:
-                    if out.error is not None:
-                        raise RuntimeError(out.error)
-                    return first, time.perf_counter() - t0, out.audio
+    async def one(text: str, t0: float) -> tuple[float, float, torch.Tensor]:
+        first = None
+        async for out in omni.generate(text, params):
+            if first is None and out.delta_audio is not None and out.delta_audio.numel():
+                first = time.perf_counter() - t0
+            if out.finished:
+                if out.error is not None:
+                    raise RuntimeError(out.error)
+                marks.append(out.metrics)
+                return first, time.perf_counter() - t0, out.audio
         raise RuntimeError("no terminal output")
 
+    marks: list[dict[str, float]] = []
     try:
-        await one(texts[0], time.perf_counter(), asyncio.Semaphore(1))  # warm-up
-        gate = asyncio.Semaphore(args.concurrency)
+        await one(texts[0], time.perf_counter())  # warm-up
+        marks.clear()
         t0 = time.perf_counter()
-        results = await asyncio.gather(*(one(text, t0, gate) for text in texts))
+        results = await asyncio.gather(*(one(text, t0) for text in texts))
     finally:
         await omni.shutdown()
     row = summarize(name, [r[1] for r in results], [r[0] for r in results])
+    keys = ("stage0_done_s", "stage1_first_s", "stage1_done_s", "first_audio_s", "e2e_s")
+    means = {k: np.mean([m[k] for m in marks if k in m]) for k in keys if any(k in m for m in marks)}
+    print(
+        "  per request, from its submission (mean s): " + ", ".join(f"{k} {v:.2f}" for k, v in means.items())
+    )
     return row, [r[2] for r in results]
 
 
@@ -135,7 +145,7 @@ def main() -> None:
     )
     parser.add_argument("--size", default="bench", choices=["tiny", "bench"])
     parser.add_argument("--requests", type=int, default=16)
-    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, default=8, help="requests each stage serves at once")
     parser.add_argument("--thinker-tokens", type=int, default=24)
     parser.add_argument("--talker-tokens", type=int, default=288, help="~12 codec tokens per text token")
     parser.add_argument("--skip-baseline", action="store_true")

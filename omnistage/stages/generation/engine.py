@@ -106,7 +106,9 @@ class GenerationEngine:
 
     def step(self) -> list[StageOutput]:
         batch, outputs = [], []
-        for rid, state in list(self.requests.items()):
+        # The request whose output is furthest behind goes first: a new request's first chunk (time to
+        # first audio) is not queued behind the later chunks of requests already playing.
+        for rid, state in sorted(self.requests.items(), key=lambda item: item[1].emitted):
             span = self._ready_span(state)
             if span is None:
                 continue
