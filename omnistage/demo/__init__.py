@@ -7,10 +7,9 @@ from pathlib import Path
 
 def demo_model_dirs() -> list[Path]:
     """The models `omnistage serve` (no model given) serves, built on first use."""
-    dirs: list[Path] = []
-    if not dirs:
-        raise SystemExit("no demo model is available in this build; pass a model directory to serve")
-    return dirs
+    from omnistage.demo.llm import build_demo_llm
+
+    return [build_demo_llm()]
 
 
 def train(argv: list[str]) -> int:

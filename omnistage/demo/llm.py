@@ -62,8 +62,7 @@ def build_llm(
         bos_token_id=specials.get("<|begin_of_text|>"),
         eos_token_id=eos[-1],
         pad_token_id=eos[-1],
-        tie_word_embeddings=overrides.get("tie_word_embeddings", arch != "llama"),
-        **{**overrides, **extra},
+        **{"tie_word_embeddings": arch != "llama", **overrides, **extra},
     )
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config).to(getattr(torch, dtype)).eval()

@@ -158,16 +158,34 @@ def paged_attention_forward(
     q = query[0].transpose(0, 1)  # [T, Hq, D]
     out = torch.empty_like(q)
     for g in meta.groups:
-        q_g = q[g.query_index].transpose(1, 2)  # [B, Hq, Q, D]
         k_src, v_src = (new_k, new_v) if g.kv_from_new else (k_cache, v_cache)
-        k_g = k_src[g.kv_index].transpose(1, 2)  # [B, Hkv, K, D]
-        v_g = v_src[g.kv_index].transpose(1, 2)
-        o = F.scaled_dot_product_attention(
-            q_g, k_g, v_g, attn_mask=g.mask, is_causal=g.is_causal, scale=scaling, enable_gqa=True
-        )
-        o = o.transpose(1, 2).reshape(-1, o.shape[1], o.shape[3])  # [B * Q, Hq, D]
-        out[g.out_rows] = o if g.valid is None else o[g.valid]
+        o = _attend(g, q, k_src, v_src, scaling)  # [B * Q, Hq, D]
+        out.index_copy_(0, g.out_rows, o if g.valid is None else o.index_select(0, g.valid))
     return out.unsqueeze(0), None
+
+
+def _gather(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """rows[index] for a 2-D index; index_select on the flat index is many times faster on CPU."""
+    return rows.index_select(0, index.reshape(-1)).view(*index.shape, *rows.shape[1:])
+
+
+def _attend(
+    g: AttentionGroup, q: torch.Tensor, k_src: torch.Tensor, v_src: torch.Tensor, scaling: float | None
+) -> torch.Tensor:
+    b, q_len = g.query_index.shape
+    heads, kv_heads, dim = q.shape[1], k_src.shape[1], q.shape[2]
+    k = _gather(k_src, g.kv_index).transpose(1, 2)  # [B, Hkv, K, D]
+    v = _gather(v_src, g.kv_index).transpose(1, 2)
+    q_g = _gather(q, g.query_index)  # [B, Q, Hq, D]
+    if q_len == 1:
+        # Decode: the query heads sharing a KV head become that head's queries, so no KV is repeated.
+        q_g = q_g.view(b, kv_heads, heads // kv_heads, dim)
+        o = F.scaled_dot_product_attention(q_g, k, v, attn_mask=g.mask, scale=scaling)
+        return o.reshape(b, heads, dim)
+    o = F.scaled_dot_product_attention(
+        q_g.transpose(1, 2), k, v, attn_mask=g.mask, is_causal=g.is_causal, scale=scaling, enable_gqa=True
+    )  # [B, Hq, Q, D]
+    return o.transpose(1, 2).reshape(b * q_len, heads, dim)
 
 
 AttentionInterface.register(ATTENTION_NAME, paged_attention_forward)

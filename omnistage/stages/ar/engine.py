@@ -6,7 +6,8 @@ synchronous and single-threaded; the worker loop adds and aborts requests betwee
 
 engine_args (all optional): block_size (16), enable_prefix_caching (True), kv_cache_memory_fraction (0.1
 of free memory when the deploy sets no kv_cache_bytes), max_model_len (the config's
-max_position_embeddings), scheduling_policy ("fcfs" | "priority"), seed (unseeded sampling),
+max_position_embeddings), cpu_packed_linear (True: float32 linears on CPU run on prepacked oneDNN
+weights, see packed_linear.py), scheduling_policy ("fcfs" | "priority"), seed (unseeded sampling),
 model_loader and step_embed_hook ("module:function", see loader.py and model_runner.py).
 """
 
@@ -24,8 +25,9 @@ from omnistage.outputs import StageOutput
 from omnistage.stages.ar.detokenizer import IncrementalDetokenizer, decoder_for
 from omnistage.stages.ar.inputs import InputRules, make_request, merge_chunk
 from omnistage.stages.ar.kv_cache import BlockManager, KVStorage, bytes_per_token, plan_num_blocks
-from omnistage.stages.ar.loader import check_loaded, load_causal_lm, resolve_dtype
+from omnistage.stages.ar.loader import LoadedModel, check_loaded, load_causal_lm, resolve_dtype
 from omnistage.stages.ar.model_runner import ModelRunner, uses_mrope
+from omnistage.stages.ar.packed_linear import pack_linears, packing_available
 from omnistage.stages.ar.sampler import Sampler
 from omnistage.stages.ar.scheduler import ScheduledSeq, Scheduler
 from omnistage.stages.ar.sequence import ARRequest, Sequence, SequenceInputError, cacheable_tokens
@@ -40,58 +42,34 @@ def create_engine(ctx: EngineContext) -> AREngine:
 
 class AREngine:
     def __init__(self, ctx: EngineContext):
-        args = ctx.engine_args
-        deploy = ctx.deploy
+        args, deploy = ctx.engine_args, ctx.deploy
         self.device = torch.device(ctx.device)
-        model_dir = ctx.model_dir
-        if model_dir and ctx.stage.model_subfolder:
-            model_dir = os.path.join(model_dir, ctx.stage.model_subfolder)
-        self.dtype = resolve_dtype(deploy.dtype, model_dir, ctx.device)
-        loader_ref = args.get("model_loader")
-        loader = load_ref(loader_ref) if loader_ref else load_causal_lm
-        self.model = check_loaded(
-            loader(model_dir, self.dtype, str(self.device)), str(loader_ref or "default")
-        )
+        self.model = self._load_model(ctx)
         config = self.model.config
         self.tokenizer = self.model.tokenizer
         self.max_model_len = int(
             args.get("max_model_len") or getattr(config, "max_position_embeddings", 4096)
         )
         self.block_size = int(args.get("block_size", 16))
-
-        heads = config.num_attention_heads
-        self._kv_shape = (
-            config.num_hidden_layers,
-            getattr(config, "num_key_value_heads", None) or heads,
-            getattr(config, "head_dim", None) or config.hidden_size // heads,
-        )
-        per_token = bytes_per_token(*self._kv_shape, self.dtype)
-        max_useful = deploy.max_num_seqs * -(-self.max_model_len // self.block_size) + 1
+        self._kv_shape = _kv_shape(config)
         self.num_blocks = plan_num_blocks(
-            per_token,
+            bytes_per_token(*self._kv_shape, self.dtype),
             self.block_size,
             deploy.kv_cache_bytes,
             float(args.get("kv_cache_memory_fraction", 0.1)),
             self.device,
-            max_useful,
+            max_useful_blocks=deploy.max_num_seqs * -(-self.max_model_len // self.block_size) + 1,
         )
-        self.blocks = BlockManager(
-            self.num_blocks, self.block_size, bool(args.get("enable_prefix_caching", True))
-        )
-        self.scheduler = Scheduler(
-            self.blocks,
-            deploy.max_num_seqs,
-            deploy.max_num_batched_tokens,
-            args.get("scheduling_policy", "fcfs"),
-        )
+        prefix_caching = bool(args.get("enable_prefix_caching", True))
+        self.blocks = BlockManager(self.num_blocks, self.block_size, prefix_caching)
+        policy = args.get("scheduling_policy", "fcfs")
+        self.scheduler = Scheduler(self.blocks, deploy.max_num_seqs, deploy.max_num_batched_tokens, policy)
         self.step_hook = load_ref(args.get("step_embed_hook"))
         self.runner = ModelRunner(self.model, self._new_kv(), self.block_size, self.device, self.step_hook)
         self.sampler = Sampler(self.model.eos_token_ids, seed=args.get("seed"))
         self.rules = InputRules(
             tokenizer=self.tokenizer,
-            vocab_size=self.model.embed.num_embeddings
-            if hasattr(self.model.embed, "num_embeddings")
-            else config.vocab_size,
+            vocab_size=getattr(self.model.embed, "num_embeddings", None) or config.vocab_size,
             # inputs_embeds rows have the embedding's width (a talker projects them to its own width)
             hidden_size=getattr(self.model.embed, "embedding_dim", None) or config.hidden_size,
             position_rows=3 if uses_mrope(config) else 1,
@@ -105,6 +83,23 @@ class AREngine:
         self._pending: list[StageOutput] = []
         self._sleep_level: int | None = None
         self.peak_running = 0
+
+    def _load_model(self, ctx: EngineContext) -> LoadedModel:
+        model_dir = ctx.model_dir
+        if model_dir and ctx.stage.model_subfolder:
+            model_dir = os.path.join(model_dir, ctx.stage.model_subfolder)
+        self.dtype = resolve_dtype(ctx.deploy.dtype, model_dir, ctx.device)
+        ref = ctx.engine_args.get("model_loader")
+        loader = load_ref(ref) if ref else load_causal_lm
+        model = check_loaded(loader(model_dir, self.dtype, str(self.device)), str(ref or "default"))
+        if (
+            ctx.engine_args.get("cpu_packed_linear", True)
+            and self.device.type == "cpu"
+            and packing_available()
+        ):
+            pack_linears(model.decoder)
+            pack_linears(model.head)
+        return model
 
     def _new_kv(self) -> KVStorage:
         return KVStorage(
@@ -184,21 +179,24 @@ class AREngine:
             return outputs
         self.peak_running = max(self.peak_running, len(self.scheduler.running))
         try:
-            result = self.runner.execute(batch)
+            return outputs + self._run(batch)
         except SequenceInputError as exc:
             return outputs + self._fail(exc.seq.request, exc.cause)
-        except Exception as exc:  # noqa: BLE001 - a failed forward fails the requests in it, not the engine
-            logger.exception("AR forward failed")
+        except Exception as exc:  # noqa: BLE001 - a failed step fails the requests in it, not the engine
+            logger.exception("AR step failed")
             for ar in dict.fromkeys(item.seq.request for item in batch):
-                outputs += self._fail(ar, exc)
+                if ar.request_id in self.requests:
+                    outputs += self._fail(ar, exc)
             return outputs
+
+    def _run(self, batch: list[ScheduledSeq]) -> list[StageOutput]:
+        result = self.runner.execute(batch)
         for item in batch:
             item.seq.num_computed_tokens += item.num_tokens
             self.blocks.commit(item.seq)
-        outputs += self._sample(result.logits, result.sampling)
-        touched = dict.fromkeys(item.seq.request for item in batch)
+        outputs = self._sample(result.logits, result.sampling)
         rows = {item.seq.seq_id: (item, result.offsets[i]) for i, item in enumerate(batch)}
-        for ar in touched:
+        for ar in dict.fromkeys(item.seq.request for item in batch):
             if ar.request_id in self.requests:
                 outputs += self._request_outputs(ar, result.hidden, rows)
         return outputs
@@ -354,6 +352,14 @@ class AREngine:
             "max_model_len": self.max_model_len,
             **self.blocks.stats(),
         }
+
+
+def _kv_shape(config: Any) -> tuple[int, int, int]:
+    """(layers, KV heads, head dim) of a transformers text config."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return config.num_hidden_layers, kv_heads, head_dim
 
 
 def _generator(seed: int | None, index: int) -> torch.Generator | None:

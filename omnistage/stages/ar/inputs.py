@@ -52,7 +52,7 @@ def make_params(given: Any, rules: InputRules) -> SamplingParams:
                 f"params must be SamplingParams for an AR stage, got {type(given).__name__}", param="params"
             )
         if rules.constraints:
-            params = msgspec.structs.replace(params, **rules.constraints)
+            params = constrain(params, rules.constraints)
     except TypeError as exc:
         raise InvalidRequestError(f"invalid sampling parameter: {exc}", param="params") from exc
     bad = [t for t in params.allowed_token_ids or [] if not 0 <= t < rules.vocab_size]
@@ -64,10 +64,27 @@ def make_params(given: Any, rules: InputRules) -> SamplingParams:
     return params
 
 
+def constrain(params: SamplingParams, constraints: dict[str, Any]) -> SamplingParams:
+    """The model's fixed parameters: scalars win, lists (e.g. codec stop ids) are extended. The same rule
+    as the API's, and idempotent, so applying it again here is harmless."""
+    changes = {}
+    for key, value in constraints.items():
+        current = getattr(params, key)
+        if isinstance(value, list) and isinstance(current, list):
+            value = list(dict.fromkeys([*current, *value]))
+        changes[key] = value
+    return msgspec.structs.replace(params, **changes)
+
+
 def make_request(req: StageRequest, rules: InputRules) -> ARRequest:
     params = make_params(req.params, rules)
     inputs = dict(req.inputs or {})
     embeds = _prompt_embeds(inputs.get("inputs_embeds"), rules)
+    if isinstance(req.prompt, dict) and req.prompt.get("multi_modal_data") and embeds is None:
+        raise InvalidRequestError(
+            "this stage takes text only; multi_modal_data needs a model whose input processor embeds it",
+            param="multi_modal_data",
+        )
     token_ids = _prompt_token_ids(req.prompt, rules, embeds)
     if not token_ids:
         raise InvalidRequestError("the prompt is empty", param="prompt")

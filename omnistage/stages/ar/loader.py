@@ -91,6 +91,12 @@ def check_loaded(loaded: Any, loader_name: str) -> LoadedModel:
             f"model_loader {loader_name}: the decoder uses attention {impl!r}; load it with "
             f"attn_implementation={ATTENTION_NAME!r}"
         )
+    layer_types = getattr(loaded.config, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types):
+        raise ConfigError(
+            f"model_loader {loader_name}: layer types {sorted(set(layer_types))}; the AR engine's paged "
+            "attention covers full attention only (no sliding-window or linear-attention layers yet)"
+        )
     if not isinstance(loaded, LoadedModel):
         loaded = LoadedModel(
             embed=loaded.embed,

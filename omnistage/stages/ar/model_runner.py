@@ -29,7 +29,7 @@ StepHook = Callable[[dict[str, Any], int, torch.Tensor], torch.Tensor]
 
 
 @dataclasses.dataclass
-class StepOutput:
+class ForwardResult:
     hidden: torch.Tensor  # [T, H] last-layer hidden states of every packed row
     offsets: list[int]  # first packed row of each scheduled sequence
     logits: torch.Tensor | None  # [S, V] float32, one row per sampling sequence
@@ -58,7 +58,7 @@ class ModelRunner:
         self.position_rows = 3 if uses_mrope(model.config) else 1
 
     @torch.inference_mode()
-    def execute(self, batch: list[ScheduledSeq]) -> StepOutput:
+    def execute(self, batch: list[ScheduledSeq]) -> ForwardResult:
         token_ids: list[int] = []
         offsets: list[int] = []
         for item in batch:
@@ -89,7 +89,7 @@ class ModelRunner:
         if sampling:
             rows = [offsets[i] + item.num_tokens - 1 for i, item in enumerate(batch) if item.samples]
             logits = self.model.head(hidden[rows]).float()
-        return StepOutput(hidden=hidden, offsets=offsets, logits=logits, sampling=sampling)
+        return ForwardResult(hidden=hidden, offsets=offsets, logits=logits, sampling=sampling)
 
     def _patch_embeddings(self, embeds: torch.Tensor, batch: list[ScheduledSeq], offsets: list[int]) -> None:
         for item, offset in zip(batch, offsets, strict=True):

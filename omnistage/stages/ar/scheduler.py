@@ -15,6 +15,7 @@ import bisect
 import dataclasses
 import logging
 
+from omnistage.errors import ConfigError
 from omnistage.stages.ar.kv_cache import BlockManager
 from omnistage.stages.ar.sequence import Sequence, SequenceStatus
 
@@ -42,9 +43,12 @@ class Scheduler:
         policy: str = "fcfs",
     ):
         if policy not in ("fcfs", "priority"):
-            from omnistage.errors import ConfigError
-
             raise ConfigError(f"scheduling_policy must be 'fcfs' or 'priority', got {policy!r}")
+        if max_num_batched_tokens < max_num_seqs:
+            raise ConfigError(
+                f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs "
+                f"({max_num_seqs}): every running sequence needs one token of each step's budget"
+            )
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
