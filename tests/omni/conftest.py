@@ -26,6 +26,7 @@ def _prompts() -> dict[str, object]:
     rng = np.random.default_rng(0)
     image = rng.integers(0, 255, (56, 84, 3), dtype=np.uint8)
     audio = (rng.standard_normal(16000) * 0.1).astype(np.float32)
+    video = rng.integers(0, 255, (4, 56, 84, 3), dtype=np.uint8)
     return {
         "text": "Hello there",
         "image": {
@@ -44,6 +45,14 @@ def _prompts() -> dict[str, object]:
                 }
             ],
             "speaker": "Ethan",
+        },
+        "video": {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "video", "video": video}, {"type": "text", "text": "Go"}],
+                }
+            ]
         },
     }
 

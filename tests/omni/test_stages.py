@@ -1,6 +1,6 @@
 """The three stages chained by hand (engines and input processors in this process, no orchestrator), so
 every stage's output can be compared with the reference: thinker text tokens, talker codec tokens, and the
-waveform in full-handoff and async-chunk mode, for text, image and audio prompts."""
+waveform in full-handoff and async-chunk mode, for text, image, audio and video prompts."""
 
 import pytest
 
