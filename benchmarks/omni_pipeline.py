@@ -133,9 +133,7 @@ async def run_omnistage(model_dir: str, texts: list[str], args: argparse.Namespa
     row = summarize(name, [r[1] for r in results], [r[0] for r in results])
     keys = ("stage0_done_s", "stage1_first_s", "stage1_done_s", "first_audio_s", "e2e_s")
     means = {k: np.mean([m[k] for m in marks if k in m]) for k in keys if any(k in m for m in marks)}
-    print(
-        "  per request, from its submission (mean s): " + ", ".join(f"{k} {v:.2f}" for k, v in means.items())
-    )
+    print("  stage marks, mean s from t0: " + ", ".join(f"{k} {v:.2f}" for k, v in means.items()))
     return row, [r[2] for r in results]
 
 
