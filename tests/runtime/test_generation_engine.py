@@ -102,3 +102,15 @@ def test_a_request_behind_catches_up_in_longer_spans():
     outs = first + drain(engine)
     assert outs[-1].finished
     assert torch.allclose(joined(outs, "r"), vocoder.generate([codes], [None])[0], atol=1e-6)
+
+
+def test_first_chunks_go_first_and_alone():
+    """A request that has output nothing yet is decoded before, and without, requests already playing."""
+    engine = GenerationEngine(ToyVocoder(outputs_per_frame=2), chunk_size=2, max_chunk_size=8)
+    engine.add_request(StageRequest("old", inputs={"codes": torch.arange(2)}, streaming_input=True))
+    assert [o.request_id for o in engine.step()] == ["old"]
+    engine.add_chunk("old", {"codes": torch.arange(6)}, last=False)
+    engine.add_request(StageRequest("new", inputs={"codes": torch.arange(2)}, streaming_input=True))
+    assert [o.request_id for o in engine.step()] == ["new"]
+    outs = engine.step()  # then the one behind catches up in one longer span
+    assert [o.request_id for o in outs] == ["old"] and outs[0].tensors["audio"].numel() == 6 * 2

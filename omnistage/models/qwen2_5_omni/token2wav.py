@@ -126,6 +126,7 @@ class Token2WavGenerator:
 
     positional = True
     sample_rate = SAMPLE_RATE
+    NOISE_STREAMS = 64
 
     def __init__(
         self, model: Any, speakers: dict[str, dict[str, Any]], settings: SolverSettings | None = None
@@ -184,7 +185,9 @@ class Token2WavGenerator:
 
     # ----- the networks ------------------------------------------------------------------------------------
     def _noise(self, seed: int, first: int, frames: int) -> torch.Tensor:
-        """Frames [first, first + frames) of the request's initial ODE state, drawn in order as needed."""
+        """Frames [first, first + frames) of the request's initial ODE state, drawn in order as needed.
+        The streams of the `NOISE_STREAMS` most recent seeds are kept; an evicted one is drawn again from its
+        seed (the same values)."""
         generator, drawn = self._noise_cache.pop(seed, (None, None))
         if generator is None:
             generator = torch.Generator().manual_seed(seed)
@@ -193,7 +196,7 @@ class Token2WavGenerator:
         if need > 0:
             drawn = torch.cat([drawn, torch.randn(1, need, self.mel_dim, generator=generator)], dim=1)
         self._noise_cache[seed] = (generator, drawn)
-        while len(self._noise_cache) > 256:
+        while len(self._noise_cache) > self.NOISE_STREAMS:
             self._noise_cache.popitem(last=False)
         return drawn[:, first : first + frames]
 

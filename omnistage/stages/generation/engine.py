@@ -105,19 +105,19 @@ class GenerationEngine:
         return not self.paused and any(self._ready_span(s) is not None for s in self.requests.values())
 
     def step(self) -> list[StageOutput]:
-        batch, outputs = [], []
-        # The request whose output is furthest behind goes first: a new request's first chunk (time to
-        # first audio) is not queued behind the later chunks of requests already playing.
-        for rid, state in sorted(self.requests.items(), key=lambda item: item[1].emitted):
+        ready, outputs = [], []
+        for rid, state in list(self.requests.items()):
             span = self._ready_span(state)
             if span is None:
                 continue
             if span[0] == span[1]:  # input ended with nothing left to decode
                 outputs.append(self._output(rid, state, span[1], torch.empty(0)))
             else:
-                batch.append((rid, state, *span))
-            if len(batch) == self.max_num_seqs:
-                break
+                ready.append((rid, state, *span))
+        # Requests that have output nothing yet go first, and alone: their first chunk (time to first audio)
+        # waits neither behind nor inside the longer catch-up windows of requests already playing.
+        fresh = [item for item in ready if item[1].emitted == 0]
+        batch = (fresh or ready)[: self.max_num_seqs]
         if batch:
             outputs.extend(self._run(batch))
         return outputs
