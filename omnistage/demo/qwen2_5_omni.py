@@ -85,8 +85,8 @@ SIZES: dict[str, dict[str, Any]] = {
         "dit": {"hidden": 32, "layers": 2, "heads": 2, "head_dim": 16, "ahead": [1], "back": [0], "enc": 32},
         "bigvgan": {"channels": 128, "kernels": [3], "dilations": [[1, 3, 5]]},
     },
-    # Proportioned like the real model (the thinker dominates, the talker next, code2wav least), large enough
-    # that batching and overlap matter, small enough for a 2-core benchmark.
+    # Several times the tiny sizes, small enough for a 2-core benchmark. As in the real model per second of
+    # speech, code2wav (36 DiT evaluations per code, with guidance) costs the most, then the talker.
     "bench": {
         "text": {"hidden": 256, "ffn": 768, "layers": 4, "heads": 4, "kv_heads": 2},
         "vision": {"hidden": 64, "ffn": 128, "depth": 2, "heads": 4, "fullatt": [1]},
