@@ -144,9 +144,9 @@ class RequestState:
             for key in result.chunks:
                 if key == "audio":
                     continue
-                value = self.materialize(
-                    result.tensor(key) if len(result.chunks[key]) > 1 else result.chunks[key][0]
-                )
+                # Read every chunk first: a chunk may still be a shared-memory reference.
+                parts = [self.materialize(part) for part in result.chunks[key]]
+                value = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
                 if key == "images":
                     out.images = images_from_tensor(value)
                 elif key == "video":

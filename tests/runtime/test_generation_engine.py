@@ -88,3 +88,29 @@ def test_factory_reads_engine_args():
     assert (engine.max_num_seqs, engine.chunk_size, engine.left_context) == (3, 4, 2)
     with pytest.raises(ValueError, match="engine_args.generator"):
         create_engine(EngineContext(stage, StageDeploy(stage_id=0), None))
+
+
+def test_a_request_behind_catches_up_in_longer_spans():
+    """Input that got ahead of decoding is decoded in whole-chunk spans up to max_chunk_size."""
+    vocoder = ToyVocoder(outputs_per_frame=2)
+    codes = torch.randint(0, 64, (11,))
+    engine = GenerationEngine(vocoder, chunk_size=3, max_chunk_size=7, left_context=1, right_context=1)
+    engine.add_request(StageRequest("r", inputs={"codes": codes[:10]}, streaming_input=True))
+    first = engine.step()
+    assert first[0].tensors["audio"].numel() == 6 * 2  # 9 frames ready, capped at 2 whole chunks
+    engine.add_chunk("r", {"codes": codes[10:]}, last=True)
+    outs = first + drain(engine)
+    assert outs[-1].finished
+    assert torch.allclose(joined(outs, "r"), vocoder.generate([codes], [None])[0], atol=1e-6)
+
+
+def test_first_chunks_go_first_and_alone():
+    """A request that has output nothing yet is decoded before, and without, requests already playing."""
+    engine = GenerationEngine(ToyVocoder(outputs_per_frame=2), chunk_size=2, max_chunk_size=8)
+    engine.add_request(StageRequest("old", inputs={"codes": torch.arange(2)}, streaming_input=True))
+    assert [o.request_id for o in engine.step()] == ["old"]
+    engine.add_chunk("old", {"codes": torch.arange(6)}, last=False)
+    engine.add_request(StageRequest("new", inputs={"codes": torch.arange(2)}, streaming_input=True))
+    assert [o.request_id for o in engine.step()] == ["new"]
+    outs = engine.step()  # then the one behind catches up in one longer span
+    assert [o.request_id for o in outs] == ["old"] and outs[0].tensors["audio"].numel() == 6 * 2

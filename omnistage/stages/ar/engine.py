@@ -70,7 +70,8 @@ class AREngine:
         self.rules = InputRules(
             tokenizer=self.tokenizer,
             vocab_size=getattr(self.model.embed, "num_embeddings", None) or config.vocab_size,
-            hidden_size=config.hidden_size,
+            # inputs_embeds rows have the embedding's width (a talker projects them to its own width)
+            hidden_size=getattr(self.model.embed, "embedding_dim", None) or config.hidden_size,
             position_rows=3 if uses_mrope(config) else 1,
             max_model_len=self.max_model_len,
             dtype=self.dtype,
@@ -277,6 +278,8 @@ class AREngine:
             ar.first_output_sent = True
             outputs[0].data["prompt_token_ids"] = list(ar.prompt_token_ids)
             outputs[0].data["num_cached_tokens"] = ar.sequences[0].num_cached_tokens
+            # Request facts the input processor computed for downstream stages (e.g. multimodal positions)
+            outputs[0].data.update(ar.inputs.get("output_data") or {})
         return outputs
 
     def _seq_output(self, seq: Sequence, hidden: torch.Tensor, row: tuple | None) -> StageOutput | None:

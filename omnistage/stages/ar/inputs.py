@@ -3,8 +3,9 @@
 Prompt forms: `str` (tokenized as is, no chat template), `list[int]`, or a dict with `prompt_token_ids`,
 `prompt` or `messages` (rendered with the tokenizer's chat template and the generation prompt).
 `StageRequest.inputs` may carry `inputs_embeds` ([L, H], replacing the prompt's embedding lookup),
-`position_ids` ([L] or [R, L]) and `rope_delta` (int). Every rule broken raises InvalidRequestError
-naming the field.
+`position_ids` ([L] or [R, L]) and `rope_delta` (int); `output_data` (a dict) is copied into the
+request's first output's `data`, so an input processor can pass facts it computed downstream. Every rule
+broken raises InvalidRequestError naming the field.
 """
 
 from __future__ import annotations

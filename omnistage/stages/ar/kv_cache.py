@@ -60,8 +60,10 @@ class BlockManager:
     # ---- admission -------------------------------------------------------------------------------------
     def match_prefix(self, seq: Sequence) -> list[tuple[int, int]]:
         """(block id, hash) of the cached leading full blocks of `seq`. At least one token is left to
-        compute, because that token's forward pass is what yields the next token's logits."""
-        if not self.enable_prefix_caching:
+        compute, because that token's forward pass is what yields the next token's logits. A sequence
+        that returns hidden states reuses nothing: it needs every position computed (it still shares its
+        blocks)."""
+        if not self.enable_prefix_caching or seq.params.return_hidden_states:
             return []
         bs = self.block_size
         limit = min(seq.num_tokens - 1, seq.max_cacheable_tokens) // bs

@@ -22,7 +22,12 @@ logger = logging.getLogger(__name__)
 
 
 class Generator(Protocol):
-    """A single-pass model. `outputs_per_frame` output rows correspond to one input frame."""
+    """A single-pass model. `outputs_per_frame` output rows correspond to one input frame.
+
+    A generator whose output depends on where a window sits in the whole input (absolute positions,
+    per-frame noise) sets `positional = True` and is called as `generate(windows, params, starts)`, with
+    each window's first frame index in its request's input.
+    """
 
     outputs_per_frame: int
     sample_rate: int | None
@@ -56,12 +61,18 @@ class GenerationEngine:
         right_context: int = 0,
         input_key: str = "codes",
         output_key: str = "audio",
+        max_chunk_size: int | None = None,
     ):
         if chunk_size is not None and chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
         self.generator = generator
         self.max_num_seqs = max_num_seqs
         self.chunk_size = chunk_size
+        # A request whose input got ahead of decoding catches up in one longer span (whole chunks, at most
+        # this many frames): its context is paid once instead of once per chunk.
+        self.max_chunk_size = chunk_size
+        if chunk_size and max_chunk_size:
+            self.max_chunk_size = max(chunk_size, max_chunk_size // chunk_size * chunk_size)
         self.left_context = left_context
         self.right_context = right_context
         self.input_key = input_key
@@ -94,7 +105,7 @@ class GenerationEngine:
         return not self.paused and any(self._ready_span(s) is not None for s in self.requests.values())
 
     def step(self) -> list[StageOutput]:
-        batch, outputs = [], []
+        ready, outputs = [], []
         for rid, state in list(self.requests.items()):
             span = self._ready_span(state)
             if span is None:
@@ -102,22 +113,28 @@ class GenerationEngine:
             if span[0] == span[1]:  # input ended with nothing left to decode
                 outputs.append(self._output(rid, state, span[1], torch.empty(0)))
             else:
-                batch.append((rid, state, *span))
-            if len(batch) == self.max_num_seqs:
-                break
+                ready.append((rid, state, *span))
+        # Requests that have output nothing yet go first, and alone: their first chunk (time to first audio)
+        # waits neither behind nor inside the longer catch-up windows of requests already playing.
+        fresh = [item for item in ready if item[1].emitted == 0]
+        batch = (fresh or ready)[: self.max_num_seqs]
         if batch:
             outputs.extend(self._run(batch))
         return outputs
 
     def _run(self, batch: list[tuple[str, _Request, int, int]]) -> list[StageOutput]:
-        windows, params = [], []
+        windows, params, starts = [], [], []
         for _, state, start, end in batch:
             lo = max(0, start - self.left_context)
             hi = min(state.available, end + self.right_context)
             windows.append(state.inputs()[lo:hi])
             params.append(state.request.params)
+            starts.append(lo)
         with torch.inference_mode():
-            results = self.generator.generate(windows, params)
+            if getattr(self.generator, "positional", False):
+                results = self.generator.generate(windows, params, starts)
+            else:
+                results = self.generator.generate(windows, params)
         self.passes += 1
         per = self.generator.outputs_per_frame
         outputs = []
@@ -146,10 +163,13 @@ class GenerationEngine:
         if state.complete:
             if pending <= 0:
                 return start, start
-            return start, start + (pending if self.chunk_size is None else min(pending, self.chunk_size))
-        if self.chunk_size is None or pending - self.right_context < self.chunk_size:
+            return start, start + (pending if self.chunk_size is None else min(pending, self.max_chunk_size))
+        if self.chunk_size is None:
             return None
-        return start, start + self.chunk_size
+        ready = (pending - self.right_context) // self.chunk_size * self.chunk_size
+        if ready < self.chunk_size:
+            return None
+        return start, start + min(ready, self.max_chunk_size)
 
     def _frames(self, value: Any) -> torch.Tensor:
         if value is None:
@@ -168,12 +188,13 @@ class GenerationEngine:
 
 def create_engine(ctx: EngineContext) -> GenerationEngine:
     """`engine_args`: `generator` ("module:function" called with the context, returning a Generator),
-    and optionally `chunk_size`, `left_context`, `right_context`, `input_key`, `output_key`."""
+    and optionally `chunk_size`, `max_chunk_size`, `left_context`, `right_context`, `input_key`,
+    `output_key`."""
     args = dict(ctx.engine_args)
     factory = load_ref(args.pop("generator", None))
     if factory is None:
         raise ValueError(f"stage {ctx.stage.name}: generation stages need engine_args.generator")
-    known = {"chunk_size", "left_context", "right_context", "input_key", "output_key"}
+    known = {"chunk_size", "max_chunk_size", "left_context", "right_context", "input_key", "output_key"}
     options = {k: v for k, v in args.items() if k in known}
     return GenerationEngine(factory(ctx), max_num_seqs=ctx.deploy.max_num_seqs, **options)
 
