@@ -254,3 +254,28 @@ def test_prompt_forms() -> None:
         assert results[rid].token_ids == hf_greedy("qwen2", tuple(ids), 4)
     assert results["chat"].data["prompt_token_ids"] == list(chat_ids)
     assert tokenizer.decode(chat_ids).endswith("<|im_start|>assistant\n")
+
+
+def test_paged_cache_holds_at_least_3x_the_sequences_of_contiguous_caches() -> None:
+    """Issue 3's memory criterion at test scale: a KV budget worth 2 contiguous max-length (512-token)
+    caches holds 16 full 64-token sequences at once, each with the greedy tokens it would get alone."""
+    from omnistage.stages.ar.kv_cache import bytes_per_token
+
+    probe = make_engine()
+    per_token = bytes_per_token(*probe._kv_shape, probe.dtype)
+    contiguous = 2
+    budget = contiguous * probe.max_model_len * per_token
+    null_block = 16 * per_token
+    engine = make_engine(max_num_seqs=32, max_num_batched_tokens=1024, kv_cache_bytes=budget + null_block)
+    prompts = [[(5 * i + j) % 400 + 3 for j in range(48)] for i in range(20)]
+    requests = [StageRequest(f"m{i}", p, greedy(16, ignore_eos=True)) for i, p in enumerate(prompts)]
+    held = []
+
+    def count_full(step: int, eng) -> None:
+        held.append(sum(1 for s in eng.scheduler.running if s.num_tokens >= 63))
+
+    results, _ = run(engine, requests, on_step=count_full)
+    assert max(held) >= 3 * contiguous, held
+    assert max(held) == budget // (64 * per_token)  # every block of the budget in use at once
+    for i in (0, 7, 19):
+        assert results[f"m{i}"].token_ids == hf_greedy("qwen2", tuple(prompts[i]), 16)
