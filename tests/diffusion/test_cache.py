@@ -16,7 +16,7 @@ WAN = {**BASE, "num_frames": 5, "num_inference_steps": STEPS}
 AGGRESSIVE = {"residual_diff_threshold": 10.0, "max_warmup_steps": 1, "max_continuous_cached_steps": 2}
 
 
-def diffusers_with_cache_dit(options: dict) -> torch.Tensor:
+def diffusers_with_cache_dit(options: dict, taylorseer: bool) -> torch.Tensor:
     """A plain pipeline whose transformer carries cache-dit hooks (transformer-only mode)."""
     pipe = DiffusionPipeline.from_pretrained(model_dir("tiny-wan21-t2v"), local_files_only=True)
     pipe.set_progress_bar_config(disable=True)
@@ -27,7 +27,8 @@ def diffusers_with_cache_dit(options: dict) -> torch.Tensor:
         enable_separate_cfg=True,
         **options,
     )
-    cache_dit.enable_cache(pipe.transformer, cache_config=config)
+    calibrator = cache_dit.TaylorSeerCalibratorConfig(taylorseer_order=1) if taylorseer else None
+    cache_dit.enable_cache(pipe.transformer, cache_config=config, calibrator_config=calibrator)
     out = pipe(
         prompt="a cat", height=32, width=32, num_frames=5, num_inference_steps=STEPS, max_sequence_length=16,
         generator=torch.Generator().manual_seed(1), output_type="np",
@@ -41,11 +42,16 @@ def uncached():
     return reference("tiny-wan21-t2v", "a cat", seed=1, num_frames=5, num_inference_steps=STEPS)
 
 
-@pytest.mark.parametrize("mode", ["step", "request"])
-def test_cache_dit_matches_diffusers_with_cache_dit(mode, uncached):
-    expected, expected_cached = diffusers_with_cache_dit(AGGRESSIVE)
+@pytest.mark.parametrize(
+    ("mode", "taylorseer"),
+    [("step", False), ("request", False), ("step", True)],
+    ids=["step", "request", "taylorseer"],
+)
+def test_cache_dit_matches_diffusers_with_cache_dit(mode, taylorseer, uncached):
+    expected, expected_cached = diffusers_with_cache_dit(AGGRESSIVE, taylorseer)
+    options = {**AGGRESSIVE, "enable_taylorseer": True} if taylorseer else AGGRESSIVE
     eng = make_engine("tiny-wan21-t2v", execution=mode)
-    eng.add_request(request("c", "a cat", **WAN, seed=1, cache="cache_dit", cache_options=AGGRESSIVE))
+    eng.add_request(request("c", "a cat", **WAN, seed=1, cache="cache_dit", cache_options=options))
     eng.add_request(request("plain", "a cat", **{**WAN, "height": 48}, seed=1))
     outs = drain(eng)
     cached = outs["c"][-1]
@@ -55,6 +61,8 @@ def test_cache_dit_matches_diffusers_with_cache_dit(mode, uncached):
     assert metrics["computed_steps"] == STEPS - expected_cached
     assert (final_tensor(cached) - uncached).abs().max() > 1e-3  # it really skipped work
     assert outs["plain"][-1].data["metrics"]["cached_steps"] == 0
+    if taylorseer:  # the forecast really changes what cached steps add
+        assert (final_tensor(cached) - diffusers_with_cache_dit(AGGRESSIVE, False)[0]).abs().max() > 1e-4
 
 
 def test_cache_dit_fixed_schedule_and_uncached_neighbours(uncached):

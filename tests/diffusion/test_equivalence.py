@@ -1,5 +1,6 @@
 """The engine's output equals a plain diffusers pipeline call for the same seed (fp32, max abs diff <= 1e-4):
-alone, and inside a batch of 4 mixed requests, in request mode and in step mode, for all five families."""
+alone, and inside a batch of 4 mixed requests, in request mode and in step mode (where half the batch joins a
+step later), for all five families."""
 
 from __future__ import annotations
 
@@ -68,8 +69,17 @@ def test_engine_equals_plain_diffusers_call(family, mode):
     alone = drain(engine)
     assert (final_tensor(alone["r0"][-1]) - refs["r0"]).abs().max() <= TOLERANCE
 
-    submit(engine, name, set(refs))
-    outputs = drain(engine)
+    if mode == "request":
+        submit(engine, name, set(refs))
+        outputs = drain(engine)
+    else:  # r1 and r3 join after one step: requests at different timesteps share the forward
+        submit(engine, name, {"r0", "r2"})
+        outputs = {}
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).append(out)
+        submit(engine, name, {"r1", "r3"})
+        for rid, outs in drain(engine).items():
+            outputs.setdefault(rid, []).extend(outs)
     assert set(outputs) == set(refs)
     for rid, ref in refs.items():
         got = final_tensor(outputs[rid][-1])

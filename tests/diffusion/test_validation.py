@@ -29,6 +29,8 @@ CASES = [
     ("tiny-wan21-t2v", {**WAN, "image": [input_image(0)]}, "image", "not accepted by WanPipeline"),
     ("tiny-wan21-t2v", {**WAN, "output_format": "png"}, "output_format", "mp4, tensor"),
     ("tiny-wan21-t2v", {**WAN, "num_inference_steps": 5000}, "num_inference_steps", "<= 1000"),
+    ("tiny-wan21-t2v", {**WAN, "height": 4096, "width": 4112}, "height", "<= 16777216 pixels"),
+    ("tiny-wan21-t2v", {**WAN, "num_frames": 1029}, "num_frames", "<= 1025"),
     ("tiny-wan21-t2v", {**WAN, "num_outputs": 64}, "num_outputs", "<= 16"),
     (
         "tiny-wan21-t2v",
