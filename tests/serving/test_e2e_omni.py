@@ -152,6 +152,12 @@ def test_speech_route_reads_the_input_aloud_with_the_voice(omni_client, omni_ser
     pcm = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
     np.testing.assert_array_equal(np.frombuffer(pcm, "<i2"), want)
 
+    raw = {**sse, "response_format": "wav", "stream_format": "audio", **body}
+    with httpx.stream("POST", omni_server.url + "/v1/audio/speech", json=raw, timeout=120) as r:
+        data = b"".join(r.iter_bytes())
+    assert data[:4] == b"RIFF" and int.from_bytes(data[24:28], "little") == 24000
+    np.testing.assert_array_equal(np.frombuffer(data[44:], "<i2"), want)
+
 
 def test_text_only_requests_and_unknown_voices(omni_client, omni_server, model_name, expected):
     reply = omni_client.chat.completions.create(
