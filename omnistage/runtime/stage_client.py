@@ -83,6 +83,11 @@ class StageClient:
         raise NotImplementedError
 
 
+# Inline stages of one process build their engines one at a time: concurrent first imports of
+# `transformers` (a lazy module) from several threads fail with "cannot import name ...".
+_ENGINE_BUILD_LOCK = threading.Lock()
+
+
 class InlineStageClient(StageClient):
     """The worker on a thread of the orchestrator's process: objects pass by reference."""
 
@@ -105,7 +110,8 @@ class InlineStageClient(StageClient):
             # Inline stages share this process: no affinity or thread changes, only the device choice.
             gpu = self.deploy.devices and torch.cuda.is_available()
             device = f"cuda:{self.deploy.devices[0]}" if gpu else "cpu"
-            engine = create_engine(self.stage, self.deploy, self.model_dir, device)
+            with _ENGINE_BUILD_LOCK:
+                engine = create_engine(self.stage, self.deploy, self.model_dir, device)
         except BaseException as exc:
             self.dead = True
             self.on_message(

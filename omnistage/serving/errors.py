@@ -14,11 +14,12 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from omnistage.errors import OmniError, OverloadedError
+from omnistage.serving.generation import ClientDisconnected
 
 logger = logging.getLogger(__name__)
 
@@ -150,6 +151,12 @@ def install_error_handlers(app: FastAPI, retry_after_s: int = 1) -> None:
             message = f"no route {request.method} {request.url.path}"
         return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
 
+    async def on_client_gone(request: Request, exc: ClientDisconnected) -> Response:
+        # Nobody reads this answer; the request was already aborted in every stage. 499 (nginx's "client
+        # closed request") keeps it apart from server errors in the metrics.
+        logger.info("%s %s: client disconnected, request aborted", request.method, request.url.path)
+        return Response(status_code=499)
+
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error on %s %s", request.method, request.url.path)
         return error_response(500, f"internal error ({type(exc).__name__})")
@@ -158,4 +165,5 @@ def install_error_handlers(app: FastAPI, retry_after_s: int = 1) -> None:
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(ValidationError, on_pydantic_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(ClientDisconnected, on_client_gone)
     app.add_exception_handler(Exception, on_unexpected)

@@ -7,6 +7,7 @@ no route can forget a check.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 
@@ -59,7 +60,22 @@ class RequestGuard:
                 send, 413, f"request body of {declared} bytes exceeds the limit of {limit} bytes"
             )
             return
-        await self.app(scope, _limited(receive, limit), send)
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, _limited(receive, limit), tracking_send)
+        except asyncio.CancelledError:
+            # Shutdown cancels what outlived the grace period (its stages were aborted on the way out):
+            # the client gets the error envelope rather than a bare 500.
+            if self.state.draining and not started:
+                message = "the server shut down before the request finished; it was aborted"
+                await _send_error(send, 503, message, {"Connection": "close"})
+            raise
 
     def _authorized(self, scope: Scope) -> bool:
         auth = _header(scope, b"authorization") or ""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -41,6 +43,11 @@ async def version() -> dict:
 
 @router.get("/metrics")
 async def metrics(ctx: ServerContext = Depends(get_context)) -> Response:
-    for model in ctx.models:
-        ctx.metrics.observe_stages(model.name, await model.omni.stats(), await model_health(model))
+    # Every model's runtime answers on its own threads: ask them all at once, so a scrape takes as long
+    # as the slowest model, not the sum (a poller sees a stage go idle sooner).
+    models = list(ctx.models)
+    stats = await asyncio.gather(*(model.omni.stats() for model in models))
+    states = await asyncio.gather(*(model_health(model) for model in models))
+    for model, model_stats, state in zip(models, stats, states, strict=True):
+        ctx.metrics.observe_stages(model.name, model_stats, state)
     return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
