@@ -56,6 +56,8 @@ def summarize(name: str, jct: list[float], ttfa: list[float]) -> dict[str, float
         f"makespan {row['makespan']:7.2f} s",
         flush=True,
     )
+    # Sorted, so the waves a stage's concurrency limit makes (requests waiting for a slot) are visible.
+    print("  TTFA per request, sorted (s): " + " ".join(f"{t:.1f}" for t in sorted(ttfa)), flush=True)
     return row
 
 
@@ -150,8 +152,9 @@ def main() -> None:
     parser.add_argument(
         "--baseline-threads",
         type=int,
-        default=1,
-        help="torch threads for the transformers baseline (omnistage's stages run one thread each)",
+        default=os.cpu_count(),
+        help="torch threads for the transformers baseline (default: every core, as omnistage's stage "
+        "processes together use every core)",
     )
     args = parser.parse_args()
     model_dir = str(qwen2_5_omni_dir(args.size))
