@@ -8,6 +8,7 @@ concurrency level, `--rounds` times, alternating which goes first, so background
 machine hits both alike; each side keeps its best round (highest requests/s), the one least disturbed.
 
     python benchmarks/serve_chat.py [--model DIR] [--requests 64] [--max-tokens 32] [--rounds 3]
+                                    [--num-threads 1]
 """
 
 from __future__ import annotations
@@ -96,7 +97,8 @@ async def compare(port: int, model_name: str, model: str, args: argparse.Namespa
 
 
 def deploy_kwargs(args: argparse.Namespace) -> dict:
-    return {"placement": args.placement} if args.placement else {}
+    kwargs = {"placement": args.placement} if args.placement else {}
+    return {**kwargs, "num_threads": args.num_threads} if args.num_threads else kwargs
 
 
 def main() -> None:
@@ -106,11 +108,15 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3, help="turns per side and concurrency level")
     parser.add_argument("--placement", default=None, help="stage placement (default: the model's deploy)")
+    parser.add_argument(
+        "--num-threads", type=int, default=None, help="torch threads per stage (1 on a busy shared host)"
+    )
     parser.add_argument("--port", type=int, default=8765)
     args = parser.parse_args()
     model = args.model or demo_model()
     print(f"model: {model}\nload average: {os.getloadavg()[0]:.2f}")
     extra = ["--placement", args.placement] if args.placement else []
+    extra += ["--num-threads", str(args.num_threads)] if args.num_threads else []
     proc = start_server(model, args.port, extra)
     try:
         name = httpx.get(f"http://127.0.0.1:{args.port}/v1/models").json()["data"][0]["id"]
