@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class DitTraining:
-    steps: int = 5000
+    steps: int = 4000
     images_per_step: int = 24
     clips_per_step: int = 6
     lr: float = 3e-4
@@ -42,8 +42,8 @@ class DitTraining:
     ema_decay: float = 0.999
     caption_dropout: float = 0.1
     flow_shift: float = 2.0
-    dataset_images: int = 16384
-    dataset_clips: int = 4096
+    dataset_images: int = 12288
+    dataset_clips: int = 3072
     seed: int = 0
     checkpoint_every: int = 200
     log_every: int = 25

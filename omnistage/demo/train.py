@@ -17,6 +17,7 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -47,6 +48,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--vae-steps", type=int, default=VaeTraining.steps)
     parser.add_argument("--dit-steps", type=int, default=DitTraining.steps)
+    parser.add_argument("--probe-every", type=int, default=500, help="score held-out captions every N steps")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the machine is shared)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tiny", action="store_true", help="test-scale model and data (seconds, not hours)")
@@ -136,6 +138,23 @@ def configs(args: argparse.Namespace) -> tuple[architecture.DemoArchitecture, Va
     return arch, vae, dit
 
 
+def progress_probe(parts: Components, every: int) -> Callable[[int, Ema], None]:
+    """Scores the EMA weights on held-out captions every `every` steps (20 steps, 1 seed: ~a minute),
+    so a long run shows in its log whether it is learning."""
+    from omnistage.demo.evaluate import quality_report
+
+    def probe(step: int, ema: Ema) -> None:
+        if step % every:
+            return
+        pipe = architecture.assemble_pipeline(
+            parts.tokenizer, ema.shadow["text_encoder"], parts.vae, ema.shadow["transformer"], parts.scheduler
+        )
+        with torch.no_grad():
+            logger.info("probe at step %d: %s", step, json.dumps(quality_report(pipe, seeds=1, steps=20)))
+
+    return probe
+
+
 def trained_ema(parts: Components, config: DitTraining, workdir: Path) -> Ema:
     """The EMA weights of the last DiT checkpoint (what `export` writes when `dit` is not rerun)."""
     modules = {"transformer": parts.transformer, "text_encoder": parts.text_encoder}
@@ -165,7 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     if set(phases) & {"latents", "dit"}:
         data = encode_latent_sets(parts.vae, dit_config, args.workdir / "latents.pt")
     if "dit" in phases:
-        train_dit(parts.transformer, parts.text_encoder, parts.tokenizer, data, dit_config, args.workdir)
+        probe = progress_probe(parts, args.probe_every) if args.probe_every else None
+        text = (parts.text_encoder, parts.tokenizer)
+        train_dit(parts.transformer, *text, data, dit_config, args.workdir, probe)
     if "export" in phases:
         export(parts, trained_ema(parts, dit_config, args.workdir), output)
     logger.info("demo train: phases done in %.1f min", (time.time() - started) / 60)

@@ -2,8 +2,13 @@
 
 Every step sees fresh scenes (rendering costs nothing next to the convolutions), still images and 9-frame
 clips in the same step, because the Wan VAE encodes a clip's first frame exactly as it encodes an image
-and both paths must reconstruct well. The loss is L1 (sharp flat colours) plus a small KL term, so the
-latent space stays smooth enough for the DiT to land near valid latents.
+and both paths must reconstruct well. A small KL term keeps the latent space smooth enough for the DiT
+to land near valid latents.
+
+Many small steps beat few large ones here: this VAE first learns flat backgrounds and only after a couple
+of hundred optimizer steps starts drawing shapes, so steps, not samples, are what it needs. The
+reconstruction loss weights shape pixels up and adds a squared term to L1: plain L1 favours the median,
+and the median of a mostly-background batch is the background.
 """
 
 from __future__ import annotations
@@ -25,11 +30,11 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class VaeTraining:
-    steps: int = 1500
-    images_per_step: int = 12
-    clips_per_step: int = 3
-    lr: float = 8e-4
-    warmup: int = 100
+    steps: int = 2500
+    images_per_step: int = 8
+    clips_per_step: int = 1
+    lr: float = 5e-4
+    warmup: int = 50
     kl_weight: float = 1e-4
     seed: int = 0
     checkpoint_every: int = 100
@@ -44,16 +49,25 @@ def learning_rate(step: int, peak: float, warmup: int, total: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def start_with_quiet_posterior(vae: AutoencoderKLWan, logvar: float = -6.0) -> None:
-    """Initializes the posterior's log-variance near `logvar` instead of 0.
+def training_init(vae: AutoencoderKLWan, latent_gain: float = 5.0, logvar: float = -6.0) -> None:
+    """Re-initializes a fresh Wan VAE so that it trains at this size.
 
-    At the stock init every latent carries unit noise, which drowns the few pixels a shape occupies: the
-    decoder first learns blurry backgrounds and only slowly the shapes (measured: still no shapes after
-    300 steps). Starting almost deterministic lets it learn shapes at once; the KL term still lets the
-    variance grow where the decoder tolerates it.
+    The Wan VAE normalizes features with an RMS norm that does not subtract the mean, followed by SiLU. At
+    base width 16, PyTorch's random conv biases plus a small latent (|z| ~ 0.1) make a shared offset
+    dominate every feature map: the normalized features barely depend on the input, and one noisy update
+    can push them all negative, where SiLU passes nothing and the decoder collapses to a constant output
+    (measured: L1 stuck at ~0.55 on three runs). Zero biases and a 5x gain on the latent projections keep
+    the signal on top; starting the posterior's log-variance near -6 (instead of 0, unit noise on every
+    latent) lets the decoder see the shapes from the first steps. The KL term still lets the variance grow
+    wherever the decoder tolerates it.
     """
     z_dim = vae.config.z_dim
     with torch.no_grad():
+        for module in vae.modules():
+            if isinstance(module, torch.nn.Conv3d | torch.nn.Conv2d) and module.bias is not None:
+                module.bias.zero_()
+        vae.quant_conv.weight[:z_dim].mul_(latent_gain)
+        vae.post_quant_conv.weight.mul_(latent_gain)
         vae.quant_conv.weight[z_dim:].mul_(0.01)
         vae.quant_conv.bias[z_dim:].fill_(logvar)
 
@@ -66,18 +80,39 @@ def foreground_weights(video: torch.Tensor, weight: float = 4.0) -> torch.Tensor
     return 1.0 + weight * away.float()
 
 
+def decode_unclamped(vae: AutoencoderKLWan, z: torch.Tensor) -> torch.Tensor:
+    """`AutoencoderKLWan.decode` without its final clamp to [-1, 1].
+
+    The clamp has no gradient outside the range, so one large early update that pushes the decoder's
+    output past +-1 leaves those pixels stuck there for good (seen here: L1 rose to 0.55 and stayed).
+    Training on the unclamped output lets the loss pull them back. Mirrors `AutoencoderKLWan._decode`
+    (frame by frame through the causal cache); a test checks it equals `decode` on in-range outputs.
+    """
+    vae.clear_cache()
+    x = vae.post_quant_conv(z)
+    frames = []
+    for index in range(z.shape[2]):
+        vae._conv_idx = [0]
+        frame = x[:, :, index : index + 1]
+        frames.append(
+            vae.decoder(frame, feat_cache=vae._feat_map, feat_idx=vae._conv_idx, first_chunk=index == 0)
+        )
+    vae.clear_cache()
+    return torch.cat(frames, dim=2)
+
+
 def vae_loss(vae: AutoencoderKLWan, video: torch.Tensor, kl_weight: float) -> tuple[torch.Tensor, float]:
     posterior = vae.encode(video).latent_dist
-    reconstruction = vae.decode(posterior.sample()).sample
-    error = (reconstruction - video).abs()
-    l1 = (error * foreground_weights(video)).mean()
+    reconstruction = decode_unclamped(vae, posterior.sample())
+    error, weights = reconstruction - video, foreground_weights(video)
+    reconstruction_loss = (weights * (error.abs() + error.square())).mean()
     kl = 0.5 * (posterior.mean.square() + posterior.var - 1.0 - posterior.logvar).mean()
-    return l1 + kl_weight * kl, float(l1.detach())
+    return reconstruction_loss + kl_weight * kl, float(error.detach().abs().mean())
 
 
 def train_vae(vae: AutoencoderKLWan, config: VaeTraining, workdir: Path) -> AutoencoderKLWan:
     """Trains `vae` in place, resuming from `workdir/vae_state.pt` when present."""
-    start_with_quiet_posterior(vae)
+    training_init(vae)
     optimizer = torch.optim.AdamW(vae.parameters(), lr=config.lr, weight_decay=0.0)
     state_path = workdir / "vae_state.pt"
     start = load_state(state_path, {"vae": vae, "optimizer": optimizer})
@@ -97,9 +132,7 @@ def train_vae(vae: AutoencoderKLWan, config: VaeTraining, workdir: Path) -> Auto
         l1_sum, seen = l1_sum + (l1_images + l1_clips) / 2, seen + 1
         if (step + 1) % config.log_every == 0:
             rate = (time.time() - started) / seen
-            logger.info(
-                "vae step %d/%d weighted l1 %.4f (%.2fs/step)", step + 1, config.steps, l1_sum / seen, rate
-            )
+            logger.info("vae step %d/%d l1 %.4f (%.2fs/step)", step + 1, config.steps, l1_sum / seen, rate)
             l1_sum, seen, started = 0.0, 0, time.time()
         if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
             save_state(state_path, step + 1, {"vae": vae, "optimizer": optimizer})

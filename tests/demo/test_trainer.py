@@ -9,6 +9,7 @@ from diffusers import DiffusionPipeline
 from omnistage.demo import architecture, train
 from omnistage.demo.dit_training import LatentSet, flow_matching_loss
 from omnistage.demo.text_conditioning import encode_captions
+from omnistage.demo.vae_training import decode_unclamped
 
 pytestmark = pytest.mark.engine
 
@@ -59,3 +60,16 @@ def test_flow_matching_fits_a_batch():
     with torch.no_grad():
         after = float(sum(loss_at(s) for s in range(4)))
     assert after < 0.8 * before
+
+
+def test_unclamped_decode_matches_diffusers_decode():
+    """The VAE trains through a copy of diffusers' decode loop; it must stay the same computation."""
+    torch.manual_seed(0)
+    vae = architecture.build_vae(architecture.DemoArchitecture.tiny())
+    z = torch.randn(2, vae.config.z_dim, 3, 8, 8)
+    with torch.no_grad():
+        reference = vae.decode(z).sample
+        unclamped = decode_unclamped(vae, z)
+    assert unclamped.shape == reference.shape == (2, 3, 9, 32, 32)
+    assert unclamped.abs().max() > 1  # a random decoder overshoots, so the clamp matters
+    torch.testing.assert_close(unclamped.clamp(-1, 1), reference)
