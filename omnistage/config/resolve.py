@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 from omnistage.config.pipeline import PipelineSpec
 from omnistage.errors import ConfigError
 from omnistage.pipelines import registry
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -55,9 +58,23 @@ def match(spec: PipelineSpec, info: ModelInfo) -> bool:
     return bool(set(info.architectures) & set(spec.architectures))
 
 
+def model_directory(model: str | Path) -> Path:
+    """The standard model directory `model` stands for: itself, or what a registered source converts it
+    to (e.g. a GGUF file becomes a safetensors directory in the cache)."""
+    path = Path(model).expanduser().resolve()
+    if not path.exists():
+        raise ConfigError(f"model {path} does not exist (omnistage never downloads models)")
+    for name, source in registry.sources():
+        converted = source(path)
+        if converted is not None:
+            logger.info("model %s (%s) is served from %s", path, name, converted)
+            return converted
+    return path
+
+
 def resolve_pipeline(model: str | Path) -> tuple[PipelineSpec, ModelInfo]:
     """The pipeline that serves `model`, or a ConfigError saying what the directory looked like."""
-    info = ModelInfo.read(model)
+    info = ModelInfo.read(model_directory(model))
     for spec in registry.pipelines().values():
         if match(spec, info):
             return spec, info

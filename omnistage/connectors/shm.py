@@ -52,7 +52,8 @@ class ShmConnector:
             ref.kind, ref.dtype, ref.shape, ref.nbytes, key=key, mode=ref.mode, created=ref.created
         )
 
-    def get(self, ref: TensorRef) -> Any:
+    def get(self, ref: TensorRef, release_after: bool | None = None) -> Any:
+        """Read a payload (a copy). The segment is unlinked afterwards if the reference owns it."""
         t0 = time.perf_counter()
         shm = shared_memory.SharedMemory(name=ref.key)
         _untrack(shm)
@@ -60,7 +61,7 @@ class ShmConnector:
             value = decode_payload(ref, shm.buf)
         finally:
             shm.close()
-        if ref.owned:
+        if ref.owned if release_after is None else release_after:
             release(ref.key)
         self.stats["gets"] += 1
         self.stats["get_bytes"] += ref.nbytes

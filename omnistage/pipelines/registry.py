@@ -1,6 +1,8 @@
 """Registry of model families. A family is a module in `omnistage.pipelines` that registers its
 `PipelineSpec` (matched by model_type / architectures / diffusers class) or a resolver function for
-families that need to look deeper into the model directory."""
+families that need to look deeper into the model directory. A module may also register a *source*: a
+function that turns a model given in another format (a GGUF file) into a standard model directory before
+any pipeline is matched, so engines only ever see ordinary directories."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import importlib
 import logging
 import pkgutil
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from omnistage.config.pipeline import PipelineSpec
@@ -18,9 +21,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 Resolver = Callable[["ModelInfo"], PipelineSpec | None]
+Source = Callable[[Path], Path | None]
 
 _PIPELINES: dict[str, PipelineSpec] = {}
 _RESOLVERS: list[tuple[int, str, Resolver]] = []
+_SOURCES: dict[str, Source] = {}
 _discovered = False
 
 
@@ -35,6 +40,12 @@ def register_resolver(name: str, resolver: Resolver, priority: int = 0) -> Resol
     _RESOLVERS.append((priority, name, resolver))
     _RESOLVERS.sort(key=lambda r: -r[0])
     return resolver
+
+
+def register_source(name: str, source: Source) -> Source:
+    """`source(path)` returns the model directory `path` stands for, or None when it is not its format."""
+    _SOURCES[name] = source
+    return source
 
 
 def discover() -> None:
@@ -63,3 +74,8 @@ def pipelines() -> dict[str, PipelineSpec]:
 def resolvers() -> list[tuple[str, Resolver]]:
     discover()
     return [(name, fn) for _, name, fn in _RESOLVERS]
+
+
+def sources() -> list[tuple[str, Source]]:
+    discover()
+    return list(_SOURCES.items())

@@ -8,7 +8,6 @@ Nothing is pickled.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -102,7 +101,7 @@ class Codec:
 
     `connector`: where large payloads go when encoding (None: always inline, the socket transport).
     `lazy`: decode shared-memory references as `Payload` handles instead of reading them (the
-    orchestrator routes references, it does not touch bulk data); `on_payload` sees each handle.
+    orchestrator routes references, it does not touch bulk data).
     """
 
     def __init__(
@@ -110,13 +109,13 @@ class Codec:
         decode_type: Any,
         connector: ShmConnector | None = None,
         lazy: bool = False,
-        on_payload: Callable[[Payload], None] | None = None,
         inline_limit: int = INLINE_LIMIT,
     ):
         self.connector = connector
         self.lazy = lazy
-        self.on_payload = on_payload
         self.inline_limit = inline_limit
+        # Set around one encode/decode to learn which segments it created or referenced.
+        self.ledger: list[Payload] | None = None
         self.reader = ShmConnector()
         self._enc = msgspec.msgpack.Encoder(enc_hook=self._enc_hook)
         self._dec = msgspec.msgpack.Decoder(decode_type, ext_hook=self._ext_hook)
@@ -133,7 +132,10 @@ class Codec:
         if is_payload_value(obj):
             ref, data = encode_payload(obj)
             if self.connector is not None and ref.nbytes > self.inline_limit:
-                return msgspec.msgpack.Ext(SHM_EXT, _HEADER.encode(self.connector.put(obj)))
+                shm_ref = self.connector.put(obj)
+                if self.ledger is not None:
+                    self.ledger.append(Payload(shm_ref))
+                return msgspec.msgpack.Ext(SHM_EXT, _HEADER.encode(shm_ref))
             header = _HEADER.encode(ref)
             return msgspec.msgpack.Ext(INLINE_EXT, struct.pack("<I", len(header)) + header + bytes(data))
         raise TypeError(
@@ -148,28 +150,28 @@ class Codec:
             return decode_payload(ref, data[4 + n :])
         if code == SHM_EXT:
             ref = _HEADER_DEC.decode(data)
-            if self.lazy:
-                handle = Payload(ref)
-                if self.on_payload:
-                    self.on_payload(handle)
+            if self.lazy:  # whoever reads it later must not unlink it: the orchestrator's ledger does
+                handle = Payload(msgspec.structs.replace(ref, owned=False))
+                if self.ledger is not None:
+                    self.ledger.append(handle)
                 return handle
             return self.reader.get(ref)
         raise ValueError(f"unknown payload extension {code}")
 
 
-def iter_payloads(obj: Any):
-    """Every `Payload` handle inside a decoded structure."""
-    if isinstance(obj, Payload):
+def iter_payloads(obj: Any, values: bool = False):
+    """Every `Payload` handle inside a decoded structure (and, with `values`, every tensor/array too)."""
+    if isinstance(obj, Payload) or (values and is_payload_value(obj)):
         yield obj
     elif isinstance(obj, dict):
         for v in obj.values():
-            yield from iter_payloads(v)
+            yield from iter_payloads(v, values)
     elif isinstance(obj, list | tuple):
         for v in obj:
-            yield from iter_payloads(v)
+            yield from iter_payloads(v, values)
     elif isinstance(obj, StageOutput):
-        yield from iter_payloads(obj.tensors)
-        yield from iter_payloads(obj.data)
+        yield from iter_payloads(obj.tensors, values)
+        yield from iter_payloads(obj.data, values)
     elif isinstance(obj, StageResult):
-        yield from iter_payloads(obj.chunks)
-        yield from iter_payloads(obj.data)
+        yield from iter_payloads(obj.chunks, values)
+        yield from iter_payloads(obj.data, values)

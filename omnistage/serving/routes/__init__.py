@@ -1,1 +1,1 @@
-
+"""One module per API surface; each exposes `router`."""

@@ -1,0 +1,184 @@
+"""Qwen2.5-Omni text + audio serving: transformers one request at a time vs omnistage's three-stage pipeline.
+
+Workload: N requests (different prompts) that all arrive at t0, each answered with text and speech. Every
+system does the same work: greedy decoding, exactly `--thinker-tokens` text tokens and `--talker-tokens`
+codec tokens per request (min = max tokens), the same seed for the vocoder's noise.
+
+- baseline: `Qwen2_5OmniForConditionalGeneration.generate(return_audio=True)`, one request at a time (the
+  baseline of the vLLM-Omni paper), with every core;
+- omnistage full handoff: the default deployment (thinker, talker, code2wav in three processes) with
+  code2wav decoding each request once its codes are complete;
+- omnistage async chunk: the same, with code2wav decoding chunks while the talker is still speaking.
+omnistage gets all N requests at t0 and serves them with at most `--concurrency` requests in each stage
+at a time (every stage's `max_num_seqs`): a stage takes the next request as soon as it has room, whatever
+the later stages are doing.
+
+Job completion time (JCT) of a request = its completion − t0; time to first audio (TTFA) = its first audio
+chunk − t0 (the baseline returns audio only at the end). Reported: mean and p99 over the N requests, the
+makespan, and the ratios the issue sets targets for (JCT ≤ 0.2× baseline, TTFA async ≤ 0.25× full). Async
+chunk is lossy at chunk edges: its max abs waveform difference from full handoff is printed too.
+
+    python benchmarks/omni_pipeline.py [--size bench] [--requests 16] [--concurrency 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+
+import numpy as np
+import torch
+
+from omnistage import AsyncOmni, GenerationParams, SamplingParams
+from omnistage.demo.qwen2_5_omni import qwen2_5_omni_dir
+from omnistage.models.qwen2_5_omni.processor import load_processor, prompt_to_inputs
+
+TOPICS = ["cats", "rain", "trains", "the sea", "music", "bread", "winter", "rivers"]
+
+
+def prompts(n: int) -> list[str]:
+    return [f"Tell me something about {TOPICS[i % len(TOPICS)]}." + " Please." * (i % 4) for i in range(n)]
+
+
+def summarize(name: str, jct: list[float], ttfa: list[float]) -> dict[str, float]:
+    row = {
+        "jct_mean": float(np.mean(jct)),
+        "jct_p99": float(np.percentile(jct, 99)),
+        "ttfa_mean": float(np.mean(ttfa)),
+        "ttfa_p99": float(np.percentile(ttfa, 99)),
+        "makespan": max(jct),
+    }
+    print(
+        f"{name:26s} JCT mean {row['jct_mean']:7.2f} s  p99 {row['jct_p99']:7.2f} s   "
+        f"TTFA mean {row['ttfa_mean']:7.2f} s  p99 {row['ttfa_p99']:7.2f} s   "
+        f"makespan {row['makespan']:7.2f} s",
+        flush=True,
+    )
+    return row
+
+
+def run_baseline(model_dir: str, texts: list[str], args: argparse.Namespace) -> tuple[dict, list]:
+    from transformers import Qwen2_5OmniForConditionalGeneration
+
+    torch.set_num_threads(args.baseline_threads)
+    model = Qwen2_5OmniForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    processor = load_processor(model_dir)
+    kwargs = dict(
+        thinker_max_new_tokens=args.thinker_tokens,
+        thinker_min_new_tokens=args.thinker_tokens,
+        thinker_do_sample=False,
+        talker_max_new_tokens=args.talker_tokens,
+        talker_min_new_tokens=args.talker_tokens,
+        talker_do_sample=False,
+    )
+
+    def one(text: str) -> torch.Tensor:
+        inputs = dict(prompt_to_inputs(processor, text))
+        # One masked pad token keeps transformers on the talker's designed path (codec BOS/pad embeddings,
+        # multimodal positions; see tests/omni/omni_reference.py), which is what omnistage computes.
+        inputs["input_ids"] = torch.nn.functional.pad(inputs["input_ids"], (1, 0), value=151643)
+        inputs["attention_mask"] = torch.nn.functional.pad(inputs["attention_mask"], (1, 0), value=0)
+        torch.manual_seed(0)
+        return model.generate(**inputs, **kwargs)[1]
+
+    one(texts[0])  # warm-up
+    t0 = time.perf_counter()
+    done, waves = [], []
+    for text in texts:
+        waves.append(one(text))
+        done.append(time.perf_counter() - t0)
+    return summarize("transformers, one at a time", done, done), waves
+
+
+async def run_omnistage(model_dir: str, texts: list[str], args: argparse.Namespace, async_chunk: bool):
+    name = "omnistage async chunk" if async_chunk else "omnistage full handoff"
+    started = time.perf_counter()
+    overrides = {str(i): {"max_num_seqs": args.concurrency} for i in range(3)}
+    overrides["2"]["async_chunk"] = async_chunk
+    omni = AsyncOmni(model_dir, stage_overrides=overrides)
+    print(f"{name}: stages ready in {time.perf_counter() - started:.1f} s", flush=True)
+    params = [
+        SamplingParams(temperature=0, max_tokens=args.thinker_tokens, min_tokens=args.thinker_tokens),
+        SamplingParams(
+            temperature=0,
+            max_tokens=args.talker_tokens,
+            min_tokens=args.talker_tokens,
+            repetition_penalty=1.05,
+        ),
+        GenerationParams(seed=0),
+    ]
+
+    async def one(text: str, t0: float) -> tuple[float, float, torch.Tensor]:
+        first = None
+        async for out in omni.generate(text, params):
+            if first is None and out.delta_audio is not None and out.delta_audio.numel():
+                first = time.perf_counter() - t0
+            if out.finished:
+                if out.error is not None:
+                    raise RuntimeError(out.error)
+                marks.append(out.metrics)
+                return first, time.perf_counter() - t0, out.audio
+        raise RuntimeError("no terminal output")
+
+    marks: list[dict[str, float]] = []
+    try:
+        await one(texts[0], time.perf_counter())  # warm-up
+        marks.clear()
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(one(text, t0) for text in texts))
+    finally:
+        await omni.shutdown()
+    row = summarize(name, [r[1] for r in results], [r[0] for r in results])
+    keys = ("stage0_done_s", "stage1_first_s", "stage1_done_s", "first_audio_s", "e2e_s")
+    means = {k: np.mean([m[k] for m in marks if k in m]) for k in keys if any(k in m for m in marks)}
+    print("  stage marks, mean s from t0: " + ", ".join(f"{k} {v:.2f}" for k, v in means.items()))
+    return row, [r[2] for r in results]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--size", default="bench", choices=["tiny", "bench"])
+    parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--concurrency", type=int, default=8, help="requests each stage serves at once")
+    parser.add_argument("--thinker-tokens", type=int, default=24)
+    parser.add_argument("--talker-tokens", type=int, default=288, help="~12 codec tokens per text token")
+    parser.add_argument("--skip-baseline", action="store_true")
+    parser.add_argument(
+        "--baseline-threads",
+        type=int,
+        default=1,
+        help="torch threads for the transformers baseline (omnistage's stages run one thread each)",
+    )
+    args = parser.parse_args()
+    model_dir = str(qwen2_5_omni_dir(args.size))
+    texts = prompts(args.requests)
+    print(
+        f"Qwen2.5-Omni ({args.size}) {model_dir}: {args.requests} requests, concurrency {args.concurrency}, "
+        f"{args.thinker_tokens} text + {args.talker_tokens} codec tokens each "
+        f"({args.talker_tokens * 480 / 24000:.1f} s of audio); baseline threads {args.baseline_threads}; "
+        f"load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
+    full, full_waves = asyncio.run(run_omnistage(model_dir, texts, args, async_chunk=False))
+    chunk, chunk_waves = asyncio.run(run_omnistage(model_dir, texts, args, async_chunk=True))
+    drift = max(float((a - b).abs().max()) for a, b in zip(chunk_waves, full_waves, strict=True))
+    print(f"async chunk vs full handoff waveform: max abs diff {drift:.2e}")
+    print(f"TTFA async / full handoff: mean {chunk['ttfa_mean'] / full['ttfa_mean']:.3f}x (target <= 0.25)")
+    if not args.skip_baseline:
+        base, base_waves = run_baseline(model_dir, texts, args)
+        exact = max(float((a - b).abs().max()) for a, b in zip(full_waves, base_waves, strict=True))
+        print(f"full handoff vs transformers waveform: max abs diff {exact:.2e}")
+        for name, row in (("full handoff", full), ("async chunk", chunk)):
+            print(
+                f"JCT {name} / transformers: mean {row['jct_mean'] / base['jct_mean']:.3f}x  "
+                f"p99 {row['jct_p99'] / base['jct_p99']:.3f}x (target <= 0.2)"
+            )
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""Chat load on a real `omnistage serve` process at concurrency 1, 8 and 32, against the same workload sent
+straight to `AsyncOmni` in-process (the baseline: no HTTP, no JSON, no SSE). Prints requests/s, tokens/s,
+p50/p99 latency and TTFT for both, and the server/direct ratios.
+
+Every request: one short user message, greedy, `max_tokens` fixed with `ignore_eos` so all requests do the
+same work. Both sides stay up for the whole run (an idle server costs no CPU) and take turns at each
+concurrency level, `--rounds` times, alternating which goes first, so background load on this shared
+machine hits both alike; each side keeps its best round (highest requests/s), the one least disturbed.
+
+    python benchmarks/serve_chat.py [--model DIR] [--requests 64] [--max-tokens 32] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from omnistage.bench.serve import LoadResult, Sample, chat_sender, format_table, run_load
+
+REPO = Path(__file__).resolve().parents[1]
+MESSAGES = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
+CONCURRENCY = (1, 8, 32)
+
+
+def demo_model() -> str:
+    """The demo's text model: the first demo directory, or the tiny Qwen2 it falls back to."""
+    try:
+        from omnistage.demo import demo_model_dirs
+
+        return str(demo_model_dirs()[0])
+    except (SystemExit, IndexError):
+        from omnistage.demo.llm import build_demo_llm
+
+        return str(build_demo_llm())
+
+
+def start_server(model: str, port: int, extra: list[str]) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMNISTAGE_LOG_LEVEL": "WARNING"}
+    command = [sys.executable, "-m", "omnistage", "serve", model, "--port", str(port), *extra]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    raise SystemExit("server did not become healthy")
+
+
+def best(results: list[LoadResult]) -> dict:
+    """One side's least-disturbed round: the one with the highest requests/s."""
+    return max((r.summary() for r in results), key=lambda summary: summary["req_per_s"])
+
+
+async def compare(port: int, model_name: str, model: str, args: argparse.Namespace) -> tuple[list, list]:
+    from omnistage import AsyncOmni, SamplingParams
+
+    body = {"messages": MESSAGES, "max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True}
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    async with (
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600, limits=limits) as client,
+        AsyncOmni(model, **deploy_kwargs(args)) as omni,
+    ):
+        over_http = chat_sender(client, model_name, body)
+
+        async def direct(_: int) -> Sample:
+            start, ttft, out = time.perf_counter(), float("nan"), None
+            async for out in omni.generate({"messages": MESSAGES}, params):
+                if ttft != ttft and out.delta_text:
+                    ttft = time.perf_counter() - start
+            return Sample(time.perf_counter() - start, ttft, len(out.token_ids), ok=out.error is None)
+
+        for send in (over_http, direct):  # warm-up: first-request costs stay out of the figures
+            await run_load(send, 4, 4)
+        served, baseline = [], []
+        for c in CONCURRENCY:
+            runs: dict[str, list[LoadResult]] = {"server": [], "direct": []}
+            for round_ in range(args.rounds):
+                order = [("server", over_http), ("direct", direct)]
+                for side, send in order if round_ % 2 == 0 else order[::-1]:
+                    runs[side].append(await run_load(send, args.requests, c))
+            served.append(best(runs["server"]))
+            baseline.append(best(runs["direct"]))
+        return served, baseline
+
+
+def deploy_kwargs(args: argparse.Namespace) -> dict:
+    return {"placement": args.placement} if args.placement else {}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=None, help="model directory (default: the demo's text model)")
+    parser.add_argument("--requests", type=int, default=64, help="requests per round")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3, help="turns per side and concurrency level")
+    parser.add_argument("--placement", default=None, help="stage placement (default: the model's deploy)")
+    parser.add_argument("--port", type=int, default=8765)
+    args = parser.parse_args()
+    model = args.model or demo_model()
+    print(f"model: {model}\nload average: {os.getloadavg()[0]:.2f}")
+    extra = ["--placement", args.placement] if args.placement else []
+    proc = start_server(model, args.port, extra)
+    try:
+        name = httpx.get(f"http://127.0.0.1:{args.port}/v1/models").json()["data"][0]["id"]
+        served, direct = asyncio.run(compare(args.port, name, model, args))
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    print(format_table(served, "omnistage serve (HTTP, streaming SSE):"))
+    print(format_table(direct, "AsyncOmni in-process (baseline):"))
+    for s, d in zip(served, direct, strict=True):
+        print(
+            f"c={s['concurrency']:>2}: server/direct req/s {s['req_per_s'] / d['req_per_s']:.2f}x, "
+            f"p50 {s['p50_s'] / d['p50_s']:.2f}x, p99 {s['p99_s'] / d['p99_s']:.2f}x"
+        )
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,5 @@
+import sys
+
+from omnistage.cli import main
+
+sys.exit(main())

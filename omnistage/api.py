@@ -1,0 +1,262 @@
+"""Python entry points: `AsyncOmni` (async, streaming) and `Omni` (sync, offline batches).
+
+Both resolve the model to a pipeline, merge deployment settings, start every stage through the
+orchestrator (which runs on its own thread) and submit requests to it. Validation happens here, in the
+caller's thread, so bad input raises before anything is queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from tqdm import tqdm
+
+from omnistage.config.deploy import resolve_deploy
+from omnistage.config.pipeline import PipelineSpec
+from omnistage.config.resolve import resolve_pipeline
+from omnistage.errors import ConfigError, InvalidRequestError, OverloadedError
+from omnistage.outputs import OmniRequestOutput
+from omnistage.params import params_class
+from omnistage.runtime.orchestrator import Orchestrator
+from omnistage.runtime.request_state import RequestState
+
+logger = logging.getLogger(__name__)
+
+
+class _OmniBase:
+    def __init__(
+        self,
+        model: str | Path | PipelineSpec,
+        deploy_config: str | Path | dict | None = None,
+        *,
+        model_dir: str | Path | None = None,
+        stage_overrides: str | dict | None = None,
+        max_queued_requests: int = 1024,
+        startup_timeout: float = 900.0,
+        **cli_flags: Any,
+    ):
+        if isinstance(model, PipelineSpec):
+            self.pipeline = model
+            self.model_dir = str(model_dir) if model_dir else None
+        else:
+            self.pipeline, info = resolve_pipeline(model)
+            self.model_dir = str(info.path)
+        self.model_name = Path(self.model_dir).name if self.model_dir else self.pipeline.name
+        self.deploy = resolve_deploy(self.pipeline, deploy_config, cli_flags, stage_overrides)
+        self.max_queued_requests = max_queued_requests
+        self._defaults = {s.stage_id: self._default_params(s.stage_id) for s in self.pipeline.stages}
+        self._inflight = 0
+        self._inflight_ids: set[str] = set()
+        self._lock = threading.Lock()
+        self.orchestrator = Orchestrator(self.pipeline, self.deploy, self.model_dir, startup_timeout)
+        self.orchestrator.start()
+
+    # ---- parameters ----------------------------------------------------------------------------------
+    def _default_params(self, sid: int) -> Any:
+        spec = self.pipeline.stage(sid)
+        cls = params_class(spec.kind)
+        try:
+            return self._constrain(sid, cls(**self.deploy.stage(sid).default_params))
+        except (TypeError, InvalidRequestError) as exc:
+            raise ConfigError(f"default params of stage {sid} ({spec.name}): {exc}") from exc
+
+    def _constrain(self, sid: int, params: Any) -> Any:
+        """Apply the model's sampling constraints: scalars win, lists (stop ids) are extended."""
+        constraints = self.pipeline.stage(sid).sampling_constraints
+        if not constraints:
+            return params
+        changes = {}
+        for key, value in constraints.items():
+            current = getattr(params, key)
+            if isinstance(value, list) and isinstance(current, list):
+                value = list(dict.fromkeys([*current, *value]))
+            changes[key] = value
+        return msgspec.structs.replace(params, **changes)
+
+    def resolve_params(self, params: Any) -> dict[int, Any]:
+        """One params object (for the first stage that takes its type) or one per stage, with defaults."""
+        stages = self.pipeline.stages
+        chosen = dict(self._defaults)
+        if params is None:
+            return chosen
+        if isinstance(params, Sequence) and not isinstance(params, str | bytes):
+            if len(params) != len(stages):
+                raise InvalidRequestError(
+                    f"params has {len(params)} entries but {self.pipeline.name!r} has {len(stages)} stages",
+                    param="params",
+                )
+            for spec, value in zip(stages, params, strict=True):
+                if value is not None:
+                    chosen[spec.stage_id] = self._check_type(spec.stage_id, value)
+            return chosen
+        for spec in stages:
+            if isinstance(params, params_class(spec.kind)):
+                chosen[spec.stage_id] = self._constrain(spec.stage_id, params)
+                return chosen
+        kinds = ", ".join(f"{s.name}: {params_class(s.kind).__name__}" for s in stages)
+        raise InvalidRequestError(
+            f"no stage takes {type(params).__name__} (stages take {kinds})", param="params"
+        )
+
+    def _check_type(self, sid: int, value: Any) -> Any:
+        spec = self.pipeline.stage(sid)
+        cls = params_class(spec.kind)
+        if isinstance(value, dict):
+            try:
+                value = cls(**value)
+            except TypeError as exc:
+                raise InvalidRequestError(
+                    f"params for stage {sid} ({spec.name}): {exc}", param="params"
+                ) from exc
+        if not isinstance(value, cls):
+            raise InvalidRequestError(
+                f"stage {sid} ({spec.name}) takes {cls.__name__}, got {type(value).__name__}", param="params"
+            )
+        return self._constrain(sid, value)
+
+    # ---- submission ----------------------------------------------------------------------------------
+    def _submit(self, prompt: Any, params: Any, request_id: str | None, modalities: Any, sink: Any) -> str:
+        if prompt is None:
+            raise InvalidRequestError("prompt is required", param="prompt")
+        resolved = self.resolve_params(params)
+        needed, finals = self.pipeline.stages_for(modalities)
+        rid = request_id or uuid.uuid4().hex
+        with self._lock:
+            if rid in self._inflight_ids:
+                raise InvalidRequestError(f"request id {rid!r} is already in flight", param="request_id")
+            if self._inflight >= self.max_queued_requests:
+                raise OverloadedError(
+                    f"{self._inflight} requests in flight (limit {self.max_queued_requests})"
+                )
+            self._inflight += 1
+            self._inflight_ids.add(rid)
+
+        def deliver(out: OmniRequestOutput) -> None:
+            if out.finished:
+                with self._lock:
+                    self._inflight -= 1
+                    self._inflight_ids.discard(rid)
+            sink(out)
+
+        state = RequestState(
+            rid, prompt, resolved, needed, finals, self.pipeline, deliver, self.orchestrator.materialize
+        )
+        self.orchestrator.call_soon(self.orchestrator.submit, state)
+        return rid
+
+    @property
+    def num_inflight(self) -> int:
+        return self._inflight
+
+    # ---- control -------------------------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        return self.orchestrator.health()
+
+    def _close(self) -> None:
+        self.orchestrator.close()
+
+
+class AsyncOmni(_OmniBase):
+    """Serve a pipeline from asyncio code: `async for out in omni.generate(prompt): ...`."""
+
+    async def generate(
+        self,
+        prompt: Any,
+        params: Any = None,
+        request_id: str | None = None,
+        modalities: Sequence[str] | None = None,
+    ) -> AsyncIterator[OmniRequestOutput]:
+        loop = asyncio.get_running_loop()
+        outputs: asyncio.Queue[OmniRequestOutput] = asyncio.Queue()
+        rid = self._submit(
+            prompt,
+            params,
+            request_id,
+            modalities,
+            lambda out: loop.call_soon_threadsafe(outputs.put_nowait, out),
+        )
+        finished = False
+        try:
+            while not finished:
+                out = await outputs.get()
+                finished = out.finished
+                yield out
+        finally:
+            if not finished:  # the caller stopped listening (disconnect, cancel): stop the work everywhere
+                self.orchestrator.call_soon(self.orchestrator.abort, rid)
+
+    async def abort(self, request_id: str) -> None:
+        self.orchestrator.call_soon(self.orchestrator.abort, request_id)
+
+    async def stats(self) -> dict[str, Any]:
+        orch = self.orchestrator
+        stages = await asyncio.wrap_future(orch.run(orch.call("stats")))
+        return {
+            "stages": stages,
+            "edges": dict(orch.edge_stats),
+            "payloads": dict(orch.payload_stats),
+            "requests": {"in_flight": self._inflight, "tracked": len(orch.requests)},
+        }
+
+    async def sleep(self, level: int = 1, stage_ids: list[int] | None = None) -> list[dict[str, Any]]:
+        orch = self.orchestrator
+        return await asyncio.wrap_future(orch.run(orch.call("sleep", [level], stage_ids)))
+
+    async def wake_up(self, stage_ids: list[int] | None = None) -> list[dict[str, Any]]:
+        orch = self.orchestrator
+        return await asyncio.wrap_future(orch.run(orch.call("wake_up", [], stage_ids)))
+
+    async def shutdown(self) -> None:
+        await asyncio.to_thread(self._close)
+
+    async def __aenter__(self) -> AsyncOmni:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.shutdown()
+
+
+class Omni(_OmniBase):
+    """Offline batches: `Omni(model).generate(prompts, params)` returns one final output per prompt."""
+
+    def generate(
+        self, prompts: Any, params: Any = None, modalities: Sequence[str] | None = None, use_tqdm: bool = True
+    ) -> list[OmniRequestOutput]:
+        single = not isinstance(prompts, list)
+        prompts = [prompts] if single else prompts
+        done: queue.SimpleQueue[OmniRequestOutput] = queue.SimpleQueue()
+        order = []
+        for prompt in prompts:
+            order.append(
+                self._submit(
+                    prompt, params, None, modalities, lambda out: done.put(out) if out.finished else None
+                )
+            )
+        results: dict[str, OmniRequestOutput] = {}
+        with tqdm(total=len(order), disable=not use_tqdm, desc="omnistage", unit="req") as bar:
+            while len(results) < len(order):
+                out = done.get()
+                results[out.request_id] = out
+                bar.update(1)
+        return [results[rid] for rid in order]
+
+    def stats(self) -> dict[str, Any]:
+        orch = self.orchestrator
+        return {"stages": orch.run(orch.call("stats")).result(), "edges": dict(orch.edge_stats)}
+
+    def shutdown(self) -> None:
+        self._close()
+
+    def __enter__(self) -> Omni:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()

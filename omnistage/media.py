@@ -1,0 +1,130 @@
+"""Media encoding and decoding shared by engines, the server and clients: PNG/JPEG/WebP images, MP4 (H.264)
+video through `av`, WAV audio through `soundfile`. No web framework here, so anything can reuse it.
+
+Arrays follow the output conventions: images uint8 `[H, W, 3]`, video uint8 `[F, H, W, 3]`, audio float32
+mono samples (or `[channels, samples]`).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+IMAGE_FORMATS = {"png": "PNG", "jpeg": "JPEG", "jpg": "JPEG", "webp": "WEBP"}
+MIME_TYPES = {
+    "png": "image/png",
+    "jpeg": "image/jpeg",
+    "jpg": "image/jpeg",
+    "webp": "image/webp",
+    "mp4": "video/mp4",
+    "wav": "audio/wav",
+}
+
+
+def _numpy(x: Any) -> np.ndarray:
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def to_uint8(x: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """Float pixels in [0, 1] → uint8, rounded the way diffusers' `numpy_to_pil` rounds."""
+    t = torch.as_tensor(_numpy(x) if not isinstance(x, torch.Tensor) else x)
+    if t.dtype == torch.uint8:
+        return t
+    return (t.float().clamp(0, 1) * 255).round().to(torch.uint8)
+
+
+def encode_image(image: Any, fmt: str = "png", quality: int = 95) -> bytes:
+    """One uint8 `[H, W, 3]` image (array, tensor or PIL) as PNG / JPEG / WebP bytes."""
+    fmt = fmt.lower()
+    if fmt not in IMAGE_FORMATS:
+        raise ValueError(f"image format must be one of {sorted(set(IMAGE_FORMATS))}, got {fmt!r}")
+    pil = image if isinstance(image, Image.Image) else Image.fromarray(_numpy(to_uint8(image)))
+    buf = io.BytesIO()
+    options = {} if IMAGE_FORMATS[fmt] == "PNG" else {"quality": quality}
+    pil.convert("RGB").save(buf, format=IMAGE_FORMATS[fmt], **options)
+    return buf.getvalue()
+
+
+def decode_image(data: Any) -> Image.Image:
+    """An input image from PIL, a uint8 HWC array/tensor, encoded bytes, or base64 text (data URL or bare)."""
+    if isinstance(data, Image.Image):
+        return data.convert("RGB")
+    if isinstance(data, str):
+        data = base64.b64decode(data.split(",", 1)[1] if data.startswith("data:") else data)
+    if isinstance(data, bytes | bytearray | memoryview):
+        return Image.open(io.BytesIO(bytes(data))).convert("RGB")
+    array = _numpy(to_uint8(data) if isinstance(data, torch.Tensor) and data.is_floating_point() else data)
+    if array.ndim != 3 or array.shape[-1] not in (1, 3, 4):
+        raise ValueError(f"an image array must be [H, W, C] with C in 1, 3, 4; got shape {array.shape}")
+    return Image.fromarray(
+        array.astype(np.uint8).squeeze(-1) if array.shape[-1] == 1 else array.astype(np.uint8)
+    )
+
+
+def encode_video(frames: Any, fps: int, crf: int = 18) -> bytes:
+    """uint8 `[F, H, W, 3]` frames as H.264 MP4 at `fps` (odd sizes are edge-padded: yuv420p needs even)."""
+    array = _numpy(to_uint8(frames))
+    if array.ndim != 4 or array.shape[-1] != 3:
+        raise ValueError(f"video frames must be [F, H, W, 3], got shape {array.shape}")
+    pad_h, pad_w = array.shape[1] % 2, array.shape[2] % 2
+    if pad_h or pad_w:
+        array = np.pad(array, ((0, 0), (0, pad_h), (0, pad_w), (0, 0)), mode="edge")
+    import av
+
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=int(fps))
+        stream.width, stream.height = array.shape[2], array.shape[1]
+        stream.pix_fmt = "yuv420p"
+        stream.options = {"crf": str(crf)}
+        for frame in array:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return buf.getvalue()
+
+
+def decode_video(data: bytes) -> tuple[np.ndarray, float]:
+    """MP4 (or any container `av` reads) → (uint8 `[F, H, W, 3]` frames, frames per second)."""
+    import av
+
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.video[0]
+        frames = [f.to_ndarray(format="rgb24") for f in container.decode(stream)]
+        fps = float(stream.average_rate) if stream.average_rate else 0.0
+    return np.stack(frames), fps
+
+
+def encode_audio(samples: Any, sample_rate: int, fmt: str = "wav") -> bytes:
+    """float32 samples (`[N]` mono or `[C, N]`) as 16-bit PCM WAV."""
+    if fmt.lower() != "wav":
+        raise ValueError(f"audio format must be wav, got {fmt!r}")
+    import soundfile
+
+    array = _numpy(samples).astype(np.float32)
+    if array.ndim == 2:
+        array = array.T  # soundfile wants [N, C]
+    buf = io.BytesIO()
+    soundfile.write(buf, np.clip(array, -1.0, 1.0), int(sample_rate), format="WAV", subtype="PCM_16")
+    return buf.getvalue()
+
+
+def decode_audio(data: bytes) -> tuple[np.ndarray, int]:
+    """WAV (or any format soundfile reads) → (float32 samples, `[N]` mono or `[C, N]`, sample rate)."""
+    import soundfile
+
+    array, rate = soundfile.read(io.BytesIO(data), dtype="float32")
+    return (array.T if array.ndim == 2 else array), rate
+
+
+def psnr(a: Any, b: Any, peak: float = 1.0) -> float:
+    """Peak signal-to-noise ratio in dB between two arrays of the same shape (inf when equal)."""
+    x, y = _numpy(a).astype(np.float64), _numpy(b).astype(np.float64)
+    mse = float(np.mean((x - y) ** 2))
+    return float("inf") if mse == 0 else 10.0 * np.log10(peak**2 / mse)

@@ -1,0 +1,91 @@
+"""The talker's inputs, built from the thinker's output exactly as the composite
+`Qwen2_5OmniForConditionalGeneration.generate` builds them, and the per-step hook that feeds the talker the
+thinker's reply one token at a time.
+
+With L prompt tokens and G generated thinker tokens g_0..g_{G-1}, the thinker produced hidden states for
+L + G - 1 positions (the last token is never fed back). Writing e(t) for the thinker's token embedding and
+h_i for its last-layer hidden state at position i:
+
+- prompt ids: `codec_mask` × L, `codec_pad`, `codec_bos` (what repetition penalty sees);
+- prompt embeddings (thinker width, projected by the talker's decoder):
+  rows 0..L-1  e(prompt) with audio/image/video placeholders zeroed, + h_0..h_{L-1}
+  row L        e(speaker bos) + codec_embed(pad)
+  row L+1      e(g_0) + h_L + codec_embed(bos)
+- positions: the thinker's prompt positions continued by two text positions; the same rope delta;
+- reply stream, one row added to each generated codec token's embedding (the step hook):
+  e(g_1) + h_{L+1}, ..., e(g_{G-2}) + h_{L+G-2}, e(text_eos), e(text_pad), then e(text_pad) for ever.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from omnistage.errors import InvalidRequestError
+
+
+@torch.inference_mode()
+def talker_prompt(
+    loaded: Any,
+    prompt_ids: list[int],
+    generated: list[int],
+    hidden: torch.Tensor,
+    speaker: str,
+    mrope_positions: torch.Tensor | None = None,
+    rope_delta: int = 0,
+) -> tuple[list[int], dict[str, Any]]:
+    """(talker prompt ids, `StageRequest.inputs` for the AR engine)."""
+    talker, embed_text, embed_codec = loaded.talker, loaded.text_embed, loaded.embed
+    n_prompt, n_gen = len(prompt_ids), len(generated)
+    if n_gen < 2:
+        raise InvalidRequestError(
+            f"the thinker produced {n_gen} token(s); the talker needs at least 2 to speak", param="max_tokens"
+        )
+    if speaker not in loaded.speakers:
+        raise InvalidRequestError(
+            f"unknown speaker {speaker!r}; this model has {sorted(loaded.speakers)}", param="speaker"
+        )
+    if hidden is None or hidden.shape[0] != n_prompt + n_gen - 1:
+        rows = None if hidden is None else hidden.shape[0]
+        raise ValueError(f"expected {n_prompt + n_gen - 1} thinker hidden rows, got {rows}")
+    device, dtype = embed_codec.weight.device, embed_codec.weight.dtype
+    hidden = hidden.to(device, dtype)
+    ids = torch.tensor(prompt_ids, device=device)
+    config = talker.config
+    placeholders = (ids == config.audio_token_index) | (ids == config.image_token_index)
+    placeholders |= ids == config.video_token_index
+    prompt_embeds = embed_text(ids).masked_fill(placeholders[:, None], 0.0) + hidden[:n_prompt]
+
+    def text(token: int) -> torch.Tensor:
+        return embed_text(torch.tensor([token], device=device))[0]
+
+    def codec(token: int) -> torch.Tensor:
+        return embed_codec(torch.tensor([token], device=device))[0]
+
+    reply = embed_text(torch.tensor(generated[:-1], device=device)) + hidden[n_prompt:]
+    first_rows = torch.stack(
+        [
+            text(loaded.speakers[speaker]) + codec(talker.codec_pad_token),
+            reply[0] + codec(talker.codec_bos_token),
+        ]
+    )
+    stream = torch.cat([reply[1:], text(talker.text_eos_token)[None], text(talker.text_pad_token)[None]])
+    inputs: dict[str, Any] = {
+        "inputs_embeds": torch.cat([prompt_embeds, first_rows]),
+        "thinker_reply": stream,
+    }
+    if mrope_positions is not None:
+        positions = torch.as_tensor(mrope_positions)
+        tail = positions.max() + 1 + torch.arange(2)
+        inputs["position_ids"] = torch.cat([positions, tail.expand(positions.shape[0], -1)], dim=1)
+        inputs["rope_delta"] = int(rope_delta)
+    codec_ids = [talker.codec_mask_token] * n_prompt + [talker.codec_pad_token, talker.codec_bos_token]
+    return codec_ids, inputs
+
+
+def add_thinker_reply(inputs: dict[str, Any], step: int, embed: torch.Tensor) -> torch.Tensor:
+    """The AR engine's step hook for the talker: generated codec token `step` is fed back with the
+    thinker's reply row `step` added (the last row, text pad, repeats once the reply is spoken)."""
+    reply = inputs["thinker_reply"]
+    return embed + reply[min(step, reply.shape[0] - 1)].to(embed.dtype)

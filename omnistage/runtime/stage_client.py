@@ -1,0 +1,244 @@
+"""Stage clients: how the orchestrator reaches one stage replica.
+
+`InlineStageClient` runs the worker on a thread of this process (no serialization at all);
+`ProcessStageClient` runs it in a subprocess and speaks ZMQ + msgspec. Both deliver every message
+from the stage through `on_message`, called on the orchestrator's event loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import queue
+import subprocess
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import torch
+import zmq
+
+from omnistage.config.deploy import StageDeploy
+from omnistage.config.pipeline import StageSpec
+from omnistage.connectors.shm import ShmConnector
+from omnistage.runtime.launch import WorkerConfig, refs_to_paths, stage_to_dict
+from omnistage.runtime.messages import (
+    Call,
+    CallResult,
+    Codec,
+    Outputs,
+    Ready,
+    Shutdown,
+    StartupFailed,
+    ToWorker,
+)
+from omnistage.stages.worker import StageWorker, create_engine
+
+logger = logging.getLogger(__name__)
+OnMessage = Callable[[Any], None]
+
+
+class StageClient:
+    def __init__(
+        self,
+        stage: StageSpec,
+        deploy: StageDeploy,
+        replica: int,
+        model_dir: str | None,
+        on_message: OnMessage,
+        stream_tensors: bool,
+    ):
+        self.stage = stage
+        self.deploy = deploy
+        self.replica = replica
+        self.model_dir = model_dir
+        self.on_message = on_message
+        self.stream_tensors = stream_tensors
+        self.ready = False
+        self.dead = False
+        self.load = 0  # requests bound to this replica
+        self.pid: int | None = None
+
+    @property
+    def label(self) -> str:
+        return f"stage {self.stage.stage_id} ({self.stage.name}) replica {self.replica}"
+
+    @property
+    def alive(self) -> bool:
+        return not self.dead
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def send(self, msg: Any) -> None:
+        raise NotImplementedError
+
+    def close(self, timeout: float = 5.0) -> None:
+        raise NotImplementedError
+
+
+class InlineStageClient(StageClient):
+    """The worker on a thread of the orchestrator's process: objects pass by reference."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+        self.pid = os.getpid()
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, name=f"stage-{self.stage.stage_id}", daemon=True)
+        self.thread.start()
+
+    def send(self, msg: Any) -> None:
+        self.inbox.put(msg)
+
+    def _run(self) -> None:
+        sid, rep = self.stage.stage_id, self.replica
+        try:
+            # Inline stages share this process: no affinity or thread changes, only the device choice.
+            gpu = self.deploy.devices and torch.cuda.is_available()
+            device = f"cuda:{self.deploy.devices[0]}" if gpu else "cpu"
+            engine = create_engine(self.stage, self.deploy, self.model_dir, device)
+        except BaseException as exc:
+            self.dead = True
+            self.on_message(
+                StartupFailed(sid, rep, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(8)}")
+            )
+            return
+        worker = StageWorker(
+            self.stage, engine, lambda items: self.on_message(Outputs(sid, rep, items)), self.stream_tensors
+        )
+        self.on_message(Ready(sid, rep, os.getpid(), {"device": device}))
+        while not worker.stopped:
+            try:
+                msg = self.inbox.get(block=not worker.has_work(), timeout=None)
+            except queue.Empty:
+                msg = None
+            while msg is not None:
+                if isinstance(msg, Call):
+                    try:
+                        self.on_message(CallResult(sid, rep, msg.call_id, result=worker.handle(msg)))
+                    except Exception as exc:
+                        self.on_message(
+                            CallResult(sid, rep, msg.call_id, error=f"{type(exc).__name__}: {exc}")
+                        )
+                else:
+                    worker.handle(msg)
+                try:
+                    msg = self.inbox.get_nowait()
+                except queue.Empty:
+                    msg = None
+            if worker.has_work() and not worker.stopped:
+                worker.step()
+
+    def close(self, timeout: float = 5.0) -> None:
+        self.send(Shutdown())
+        if self.thread is not None:
+            self.thread.join(timeout)
+        self.dead = True
+
+
+class ProcessStageClient(StageClient):
+    """The worker in its own process. The child watches a pipe from us and exits when we vanish."""
+
+    def __init__(
+        self,
+        *args: Any,
+        ipc_dir: Path,
+        outbox: str,
+        owner_pid: int,
+        output_connector: str,
+        input_connector: str,
+        zmq_context: zmq.Context,
+        **kwargs: Any,
+    ):
+        super().__init__(*args, **kwargs)
+        self.ipc_dir = ipc_dir
+        self.outbox = outbox
+        self.owner_pid = owner_pid
+        self.output_connector = output_connector
+        name = f"{self.stage.stage_id}-{self.replica}"
+        self.inbox = f"ipc://{ipc_dir}/in-{name}"
+        self.log_path = ipc_dir / f"stage-{name}.log"
+        self.socket = zmq_context.socket(zmq.PUSH)
+        self.socket.setsockopt(zmq.SNDHWM, 0)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.bind(self.inbox)
+        connector = ShmConnector(owner_pid) if input_connector == "shm" else None
+        self.codec = Codec(ToWorker, connector=connector)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        deploy = dataclasses.replace(self.deploy, engine_args=refs_to_paths(self.deploy.engine_args))
+        cfg = WorkerConfig(
+            stage=stage_to_dict(self.stage),
+            deploy=deploy,
+            model_dir=self.model_dir,
+            replica=self.replica,
+            inbox=self.inbox,
+            outbox=self.outbox,
+            owner_pid=self.owner_pid,
+            output_connector=self.output_connector,
+            stream_tensors=self.stream_tensors,
+        )
+        path = self.ipc_dir / f"stage-{self.stage.stage_id}-{self.replica}.json"
+        path.write_bytes(msgspec.json.encode(cfg))
+        env = dict(os.environ)
+        env.update(self.deploy.env)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        if self.deploy.devices:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in self.deploy.devices)
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    "import sys; from omnistage.stages.worker import main; main(sys.argv[1])",
+                    str(path),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                close_fds=True,
+            )
+        self.pid = self.proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return not self.dead and self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, lines: int = 30) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+    def send(self, msg: Any) -> None:
+        if self.alive:
+            self.socket.send(self.codec.encode(msg), copy=False)
+
+    def close(self, timeout: float = 5.0) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(Exception):
+                self.socket.send(self.codec.encode(Shutdown()), zmq.NOBLOCK)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(2)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+        if self.proc is not None and self.proc.stdin:
+            with contextlib.suppress(Exception):
+                self.proc.stdin.close()
+        self.socket.close(linger=0)
+        self.dead = True

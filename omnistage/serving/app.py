@@ -1,0 +1,69 @@
+"""The FastAPI application: one or more `AsyncOmni` runtimes behind OpenAI-compatible routes.
+
+`create_app` only wires things together; the runtimes are created (and shut down) by whoever owns the
+process — `omnistage.serving.server.serve` for `omnistage serve`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import tempfile
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fastapi import FastAPI
+
+from omnistage import __version__
+from omnistage.serving.context import ServerContext
+from omnistage.serving.errors import install_error_handlers
+from omnistage.serving.guards import RequestGuard, ServerState
+from omnistage.serving.media_sources import MediaSources
+from omnistage.serving.metrics import MetricsMiddleware, ServerMetrics
+from omnistage.serving.routes import chat, completions, images, speech, videos
+from omnistage.serving.routes import models as model_routes
+from omnistage.serving.served import ServedModels
+from omnistage.serving.settings import ServerSettings
+from omnistage.serving.video_jobs import VideoJobStore
+
+if TYPE_CHECKING:
+    from omnistage.api import AsyncOmni
+
+logger = logging.getLogger(__name__)
+
+
+def create_app(
+    models: Mapping[str, AsyncOmni] | Sequence[AsyncOmni],
+    settings: ServerSettings | None = None,
+    state: ServerState | None = None,
+) -> FastAPI:
+    """An app serving `models` (name → runtime, or runtimes named by their `model_name`)."""
+    settings = settings or ServerSettings()
+    storage = settings.storage_dir
+    if storage is None:
+        storage = Path(tempfile.mkdtemp(prefix="omnistage-storage-"))
+        logger.warning("no --storage-dir given: video jobs live in %s and do not survive a restart", storage)
+    ctx = ServerContext(
+        settings=settings,
+        models=ServedModels(models),
+        metrics=ServerMetrics(),
+        state=state or ServerState(),
+        media=MediaSources(settings),
+        videos=VideoJobStore(storage),
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        ctx.state.draining = True
+        await videos.cancel_all(ctx)
+
+    app = FastAPI(title="omnistage", version=__version__, lifespan=lifespan)
+    app.state.omnistage = ctx
+    install_error_handlers(app, settings.retry_after_s)
+    for module in (chat, completions, speech, images, videos, model_routes):
+        app.include_router(module.router)
+    app.add_middleware(RequestGuard, settings=settings, state=ctx.state)
+    app.add_middleware(MetricsMiddleware, metrics=ctx.metrics)  # outermost: counts rejected requests too
+    return app

@@ -1,0 +1,101 @@
+"""Chat messages → the runtime's prompt dict.
+
+Media parts are fetched and decoded here (under the server's media policy) and replaced in the message by
+a typed placeholder (`{"type": "image"}`, `{"type": "audio"}`, `{"type": "video"}`), the form Hugging Face
+chat templates expect; the decoded media go to `multi_modal_data` in the order they appear. Text-only
+content is joined into one string, since many chat templates only take strings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omnistage.serving.media import decode_audio, decode_image, decode_video
+from omnistage.serving.media_sources import MediaSources, decode_base64
+from omnistage.serving.protocol import (
+    AudioURLPart,
+    ChatMessage,
+    ImageURLPart,
+    InputAudioPart,
+    TextPart,
+    VideoURLPart,
+)
+from omnistage.serving.settings import ServerSettings
+
+MAX_VIDEO_FRAMES = 64
+ROLE_ALIASES = {"developer": "system"}
+
+
+class ChatPrompt:
+    """Messages in template form plus decoded media."""
+
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+        self.media: dict[str, list[Any]] = {"image": [], "audio": [], "video": []}
+
+    def as_prompt(self, **extra: Any) -> dict[str, Any]:
+        prompt: dict[str, Any] = {"messages": self.messages}
+        media = {kind: items for kind, items in self.media.items() if items}
+        if media:
+            prompt["multi_modal_data"] = media
+        prompt.update({k: v for k, v in extra.items() if v is not None})
+        return prompt
+
+    def last_user_text(self) -> str:
+        for message in reversed(self.messages):
+            if message["role"] == "user":
+                content = message["content"]
+                if isinstance(content, str):
+                    return content
+                return "\n".join(p["text"] for p in content if p["type"] == "text")
+        return ""
+
+
+async def build_chat_prompt(
+    messages: list[ChatMessage], media: MediaSources, settings: ServerSettings
+) -> ChatPrompt:
+    prompt = ChatPrompt()
+    for i, message in enumerate(messages):
+        role = ROLE_ALIASES.get(message.role, message.role)
+        if message.content is None or isinstance(message.content, str):
+            prompt.messages.append({"role": role, "content": message.content or ""})
+            continue
+        parts = []
+        for j, part in enumerate(message.content):
+            parts.append(await _convert_part(part, f"messages[{i}].content[{j}]", prompt, media, settings))
+        if all(p["type"] == "text" for p in parts):
+            prompt.messages.append({"role": role, "content": "".join(p["text"] for p in parts)})
+        else:
+            prompt.messages.append({"role": role, "content": parts})
+    return prompt
+
+
+async def _convert_part(
+    part: Any, where: str, prompt: ChatPrompt, media: MediaSources, settings: ServerSettings
+) -> dict[str, Any]:
+    pixels = settings.max_image_pixels
+    if isinstance(part, TextPart):
+        return {"type": "text", "text": part.text}
+    if isinstance(part, ImageURLPart):
+        param = f"{where}.image_url.url"
+        data, _ = await media.read(part.image_url.url, param=param)
+        prompt.media["image"].append(decode_image(data, max_pixels=pixels, param=param))
+        return {"type": "image"}
+    if isinstance(part, InputAudioPart):
+        param = f"{where}.input_audio.data"
+        prompt.media["audio"].append(
+            decode_audio(decode_base64(part.input_audio.data, param=param), param=param)
+        )
+        return {"type": "audio"}
+    if isinstance(part, AudioURLPart):
+        param = f"{where}.audio_url.url"
+        data, _ = await media.read(part.audio_url.url, param=param)
+        prompt.media["audio"].append(decode_audio(data, param=param))
+        return {"type": "audio"}
+    if isinstance(part, VideoURLPart):
+        param = f"{where}.video_url.url"
+        data, _ = await media.read(part.video_url.url, param=param)
+        video = decode_video(data, max_pixels=pixels, max_frames=MAX_VIDEO_FRAMES, param=param)
+        prompt.media["video"].append(video)
+        return {"type": "video"}
+    raise TypeError(f"unhandled content part {type(part).__name__}")

@@ -1,0 +1,56 @@
+"""The HTTP flags of `omnistage serve`, kept beside the settings they fill so the two never drift."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from omnistage.serving.settings import ServerSettings
+
+
+def default_storage_dir() -> Path:
+    from omnistage.demo.cache import cache_root
+
+    return cache_root() / "storage"
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("HTTP server")
+    group.add_argument("--host", default="127.0.0.1")
+    group.add_argument("--port", type=int, default=8000)
+    group.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (except /health)")
+    group.add_argument(
+        "--served-model-name", nargs="+", default=None, help="one name per model (default: its own)"
+    )
+    group.add_argument("--max-request-bytes", type=int, default=ServerSettings.max_request_bytes)
+    group.add_argument("--max-image-pixels", type=int, default=ServerSettings.max_image_pixels)
+    group.add_argument(
+        "--storage-dir",
+        type=Path,
+        default=None,
+        help="where video jobs and files live (default: the cache dir)",
+    )
+    group.add_argument(
+        "--allowed-local-media-path", type=Path, default=None, help="allow media paths under DIR"
+    )
+    group.add_argument(
+        "--allow-remote-media", action="store_true", help="let the server fetch http(s) media URLs"
+    )
+    group.add_argument(
+        "--shutdown-grace", type=float, default=ServerSettings.shutdown_grace_s, metavar="SECONDS"
+    )
+    group.add_argument(
+        "--max-queued-requests", type=int, default=1024, help="admission limit per model; beyond it: 429"
+    )
+
+
+def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+    return ServerSettings(
+        api_key=args.api_key,
+        max_request_bytes=args.max_request_bytes,
+        max_image_pixels=args.max_image_pixels,
+        storage_dir=args.storage_dir or default_storage_dir(),
+        allowed_local_media_path=args.allowed_local_media_path,
+        allow_remote_media=args.allow_remote_media,
+        shutdown_grace_s=args.shutdown_grace,
+    )

@@ -1,0 +1,254 @@
+"""POST /v1/chat/completions: text, audio and image outputs, plain or streamed (SSE).
+
+One route serves every pipeline kind: an AR entry stage gets the messages (with decoded media), a
+diffusion entry stage gets the last user text and generation fields (top level or nested in
+`extra_body`). `n > 1` fans out into n runtime requests (seeds offset by the choice index).
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import StreamingResponse
+from pydantic import ValidationError
+
+from omnistage.config.pipeline import StageKind
+from omnistage.errors import InvalidRequestError, OmniError
+from omnistage.media import encode_image, encode_video
+from omnistage.outputs import OmniRequestOutput
+from omnistage.serving.artifacts import audio_of, fps_of, images_of, sample_rate_of, videos_of
+from omnistage.serving.chat_prompt import ChatPrompt, build_chat_prompt
+from omnistage.serving.context import ServerContext, get_context
+from omnistage.serving.errors import SchemaError, omni_error_body
+from omnistage.serving.generation import collect, generate, merge, prime, unless_disconnected
+from omnistage.serving.media import data_url, encode_audio
+from omnistage.serving.protocol import ChatCompletionRequest, ChatDiffusionExtras
+from omnistage.serving.served import ServedModel
+from omnistage.serving.sse import DONE, SSE_HEADERS, sse
+from omnistage.serving.stage_params import build_stage_params, diffusion_fields, sampling_fields
+
+router = APIRouter()
+AUDIO_EXPIRY_S = 24 * 3600
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(
+    body: ChatCompletionRequest, request: Request, ctx: ServerContext = Depends(get_context)
+):
+    if body.logprobs or body.top_logprobs:
+        raise InvalidRequestError("logprobs: not supported by this server yet", param="logprobs")
+    requested = body.modalities or (["text", "audio"] if body.audio else None)
+    model = ctx.models.get(body.model, produces=requested or (), route="/v1/chat/completions")
+    modalities = requested or model.default_modalities()
+    chat = await build_chat_prompt(body.messages, ctx.media, ctx.settings)
+    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    plans = _plan(body, model, chat, ctx)
+    streams = [
+        generate(
+            model,
+            ctx.metrics,
+            prompt,
+            params,
+            request_id if len(plans) == 1 else f"{request_id}-{i}",
+            modalities,
+        )
+        for i, (prompt, params) in enumerate(plans)
+    ]
+    reply = _Reply(request_id, model.name, _audio_format(body), text_out="text" in modalities)
+    if body.stream:
+        primed = await unless_disconnected(request, prime(streams))
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        events = _stream_events(reply, primed, include_usage)
+        return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+    outputs = await unless_disconnected(request, collect(streams))
+    return reply.completion(outputs)
+
+
+def _plan(
+    body: ChatCompletionRequest, model: ServedModel, chat: ChatPrompt, ctx: ServerContext
+) -> list[tuple]:
+    """(prompt, per-stage params) for each runtime request this chat request becomes: one for a diffusion
+    entry (`n` becomes its number of outputs), `n` for an AR entry (seeds offset by the choice index)."""
+    pixels = ctx.settings.max_image_pixels
+    if model.entry_kind == StageKind.DIFFUSION:
+        extras = _diffusion_extras(body)
+        fields = diffusion_fields(
+            extras,
+            max_pixels=pixels,
+            seed=extras.seed,
+            num_outputs=extras.num_outputs_per_prompt or (body.n if body.n > 1 else None),
+            images=chat.media["image"] or None,
+        )
+        return [
+            (
+                chat.last_user_text(),
+                build_stage_params(model, diffusion=fields, stage_params=body.stage_params),
+            )
+        ]
+    voice = body.audio.voice if body.audio and isinstance(body.audio.voice, str) else None
+    prompt = chat.as_prompt(speaker=body.speaker or body.voice or voice)
+    diffusion = diffusion_fields(body, max_pixels=pixels, seed=body.seed)  # an AR → DiT pipeline's DiT
+    plans = []
+    for i in range(body.n):
+        sampling = sampling_fields(body, max_tokens=body.max_completion_tokens or body.max_tokens)
+        if body.seed is not None:
+            sampling["seed"] = body.seed + i
+        params = build_stage_params(
+            model, sampling=sampling, diffusion=diffusion, stage_params=body.stage_params
+        )
+        plans.append((prompt, params))
+    return plans
+
+
+def _diffusion_extras(body: ChatCompletionRequest) -> ChatDiffusionExtras:
+    """Top-level generation fields, completed by those nested in `extra_body` (top level wins)."""
+    nested = body.extra_body or {}
+    try:
+        extras = ChatDiffusionExtras.model_validate(nested)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        field = "extra_body." + ".".join(str(p) for p in first["loc"])
+        raise SchemaError(f"{field}: {first['msg']}", param=field) from exc
+    top = {
+        name: getattr(body, name)
+        for name in ChatDiffusionExtras.model_fields
+        if getattr(body, name, None) is not None
+    }
+    return extras.model_copy(update=top)
+
+
+def _audio_format(body: ChatCompletionRequest) -> str:
+    fmt = body.audio.format if body.audio else "wav"
+    return "pcm" if fmt == "pcm16" else fmt
+
+
+class _Reply:
+    """Builds the response objects of one chat request."""
+
+    def __init__(self, request_id: str, model: str, audio_format: str, text_out: bool = True):
+        self.id = request_id
+        self.text_out = text_out
+        self.model = model
+        self.audio_format = audio_format
+        self.created = int(time.time())
+
+    def completion(self, outputs: list[OmniRequestOutput]) -> dict[str, Any]:
+        choices = [self._choice(i, out) for i, out in enumerate(outputs)]
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": _usage(outputs),
+        }
+
+    def _choice(self, index: int, out: OmniRequestOutput) -> dict[str, Any]:
+        text = out.text if self.text_out else ""
+        message: dict[str, Any] = {"role": "assistant", "content": text or None}
+        media = [_image_part(img) for img in images_of(out)]
+        media += [_video_part(v, fps_of(out)) for v in videos_of(out)]
+        if media:
+            message["content"] = ([{"type": "text", "text": text}] if text else []) + media
+        samples = audio_of(out)
+        if samples is not None:
+            data, rate = encode_audio(samples, sample_rate_of(out), self.audio_format)
+            message["audio"] = {
+                "id": f"audio_{self.id}_{index}",
+                "data": base64.b64encode(data).decode(),
+                "expires_at": self.created + AUDIO_EXPIRY_S,
+                "transcript": out.text,
+                "format": self.audio_format,
+                "sample_rate": rate,
+            }
+        return {
+            "index": index,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": out.finish_reason or "stop",
+        }
+
+    def chunk(
+        self, index: int, delta: dict[str, Any], modality: str, finish_reason: str | None = None
+    ) -> str:
+        return sse(
+            {
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "modality": modality,
+                "choices": [
+                    {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+                ],
+            }
+        )
+
+    def usage_chunk(self, outputs: list[OmniRequestOutput]) -> str:
+        body = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+        }
+        return sse({**body, "choices": [], "usage": _usage(outputs)})
+
+
+def _image_part(image: Any) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": data_url("image/png", encode_image(image, "png"))}}
+
+
+def _video_part(video: Any, fps: int) -> dict[str, Any]:
+    return {"type": "video_url", "video_url": {"url": data_url("video/mp4", encode_video(video, fps))}}
+
+
+def _usage(outputs: list[OmniRequestOutput]) -> dict[str, int]:
+    prompt = len(outputs[0].prompt_token_ids) if outputs else 0
+    completion = sum(len(out.token_ids) for out in outputs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+async def _stream_events(
+    reply: _Reply, streams: list[AsyncIterator[OmniRequestOutput]], include_usage: bool
+) -> AsyncIterator[str]:
+    finals: list[OmniRequestOutput | None] = [None] * len(streams)
+    for index in range(len(streams)):
+        yield reply.chunk(index, {"role": "assistant", "content": ""}, "text")
+    try:
+        async for index, out in merge(streams):
+            if out.error is not None:
+                raise out.error
+            for event in _delta_events(reply, index, out):
+                yield event
+            if out.finished:
+                finals[index] = out
+                yield reply.chunk(index, {}, out.modality or "text", out.finish_reason or "stop")
+        if include_usage:
+            yield reply.usage_chunk([f for f in finals if f is not None])
+    except OmniError as exc:
+        yield sse(omni_error_body(exc))
+    yield DONE
+
+
+def _delta_events(reply: _Reply, index: int, out: OmniRequestOutput) -> list[str]:
+    events = []
+    if out.delta_text and reply.text_out:
+        events.append(reply.chunk(index, {"content": out.delta_text}, "text"))
+    samples = audio_of(out, delta=True)
+    if samples is not None:
+        wav, _ = encode_audio(samples, sample_rate_of(out), "wav")
+        events.append(reply.chunk(index, {"content": base64.b64encode(wav).decode()}, "audio"))
+    if out.finished:
+        for image in images_of(out):
+            events.append(
+                reply.chunk(index, {"content": data_url("image/png", encode_image(image, "png"))}, "image")
+            )
+        for video in videos_of(out):
+            url = data_url("video/mp4", encode_video(video, fps_of(out)))
+            events.append(reply.chunk(index, {"content": url}, "video"))
+    return events

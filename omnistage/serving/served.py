@@ -1,0 +1,101 @@
+"""The models one server serves, by name, and how a request's `model` field picks one."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
+from omnistage.errors import InvalidRequestError, NotFoundError
+
+if TYPE_CHECKING:
+    from omnistage.api import AsyncOmni
+
+
+@dataclasses.dataclass
+class ServedModel:
+    name: str
+    omni: AsyncOmni
+    pipeline: PipelineSpec = None  # type: ignore[assignment]  # taken from the runtime when not given
+    created: int = dataclasses.field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        if self.pipeline is None:
+            self.pipeline = self.omni.pipeline
+
+    @property
+    def stages(self) -> list[StageSpec]:
+        return sorted(self.pipeline.stages, key=lambda s: s.stage_id)
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        return self.pipeline.modalities
+
+    def produces(self, modality: str) -> bool:
+        return modality in self.modalities
+
+    @property
+    def entry_kind(self) -> StageKind:
+        """What the entry stage runs: an AR entry takes chat/token prompts, a diffusion entry text."""
+        return next(s.kind for s in self.stages if not s.inputs)
+
+    def default_modalities(self) -> list[str]:
+        return list(self.pipeline.default_modalities or self.modalities)
+
+
+class ServedModels:
+    """Name → model. A request without `model` goes to the first model that can answer the route."""
+
+    def __init__(self, models: Mapping[str, AsyncOmni] | Sequence[AsyncOmni]):
+        if isinstance(models, Mapping):
+            items = list(models.items())
+        else:
+            items = [(m.model_name, m) for m in models]
+        self.models: dict[str, ServedModel] = {}
+        for name, omni in items:
+            if name in self.models:
+                raise ValueError(f"two served models are named {name!r}; give them distinct names")
+            self.models[name] = ServedModel(name=name, omni=omni)
+
+    def __iter__(self):
+        return iter(self.models.values())
+
+    def __len__(self) -> int:
+        return len(self.models)
+
+    def get(self, name: str | None, *, produces: Sequence[str] = (), route: str = "") -> ServedModel:
+        """The model named `name` (404 if unknown); 400 if it cannot produce `produces` for this route."""
+        if name is not None and name not in self.models:
+            raise NotFoundError(f"The model `{name}` does not exist.", param="model")
+        if name is None:
+            for model in self.models.values():
+                if all(model.produces(m) for m in produces):
+                    return model
+            served = ", ".join(f"{m.name} ({'/'.join(m.modalities)})" for m in self.models.values()) or "none"
+            raise InvalidRequestError(f"no served model can answer {route}; served: {served}", param="model")
+        model = self.models[name]
+        missing = [m for m in produces if not model.produces(m)]
+        if missing:
+            raise InvalidRequestError(
+                f"model {name!r} cannot serve {route}: it produces {'/'.join(model.modalities)}, not "
+                f"{'/'.join(missing)}",
+                param="model",
+            )
+        return model
+
+    def describe(self) -> list[dict[str, Any]]:
+        """The OpenAI model list entries, plus what each model produces."""
+        return [
+            {
+                "id": m.name,
+                "object": "model",
+                "created": m.created,
+                "owned_by": "omnistage",
+                "root": str(getattr(m.omni, "model_dir", "") or m.name),
+                "modalities": list(m.modalities),
+                "stages": [{"stage_id": s.stage_id, "name": s.name, "kind": str(s.kind)} for s in m.stages],
+            }
+            for m in self.models.values()
+        ]

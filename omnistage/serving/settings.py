@@ -1,0 +1,38 @@
+"""What an operator decides about a server (limits, secrets, media policy), separate from the models."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+
+@dataclasses.dataclass
+class ServerSettings:
+    """Every knob of the HTTP layer; `omnistage serve` fills it from its flags.
+
+    Limits exist so that one client cannot exhaust the server: bodies are capped before they are read in
+    full, image sizes are checked before any work starts, and local or remote media are opt-in because the
+    server must not read arbitrary files or fetch arbitrary hosts on a client's behalf.
+    """
+
+    api_key: str | None = None
+    max_request_bytes: int = 64 * 1024 * 1024
+    max_image_pixels: int = 4096 * 4096
+    storage_dir: Path | None = None
+    allowed_local_media_path: Path | None = None
+    allow_remote_media: bool = False
+    remote_media_timeout_s: float = 10.0
+    # Seconds a client waits before retrying when admission is full (the Retry-After header).
+    retry_after_s: int = 1
+    # Seconds in-flight work may take to finish after SIGTERM before it is aborted.
+    shutdown_grace_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.storage_dir is not None:
+            self.storage_dir = Path(self.storage_dir).expanduser().resolve()
+        if self.allowed_local_media_path is not None:
+            self.allowed_local_media_path = Path(self.allowed_local_media_path).expanduser().resolve()
+        if self.max_request_bytes < 1:
+            raise ValueError("max_request_bytes must be >= 1")
+        if self.max_image_pixels < 1:
+            raise ValueError("max_image_pixels must be >= 1")

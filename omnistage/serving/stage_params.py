@@ -1,0 +1,181 @@
+"""Request fields → one params object per stage.
+
+OpenAI-style requests carry one flat set of fields; a pipeline has several stages of different kinds.
+Top-level sampling fields go to the entry AR stage (a talker keeps its own defaults), generation fields
+to every diffusion stage, and `stage_params[i]` adds to (and overrides) what stage i gets.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgspec
+
+from omnistage.config.pipeline import StageKind
+from omnistage.errors import InvalidRequestError
+from omnistage.params import DiffusionParams, GenerationParams, SamplingParams, StageParams, params_class
+from omnistage.serving.served import ServedModel
+
+_PATH = re.compile(r"at `\$\.?([^`]*)`")
+
+
+# Fields only server-side code may set: they name code to import, pass arbitrary keyword arguments to a
+# pipeline, or hold in-process objects. HTTP clients must not reach them.
+PRIVATE_FIELDS = {
+    "logits_processors",
+    "extra",
+    "return_hidden_states",
+    "detokenize",
+    "image",
+    "mask",
+    "output_format",
+    "cache_options",
+}
+
+
+def make_params(cls: type[StageParams], fields: dict[str, Any], *, where: str) -> StageParams:
+    """Construct with type checking; errors name the field (as `where.field` for a `stage_params` entry)."""
+    prefix = f"{where}." if where else ""
+    private = sorted(set(fields) & PRIVATE_FIELDS) if where else []
+    if private:
+        field = f"{prefix}{private[0]}"
+        raise InvalidRequestError(f"{field}: cannot be set over HTTP", param=field)
+    unknown = sorted(set(fields) - set(cls.__struct_fields__))
+    if unknown:
+        raise InvalidRequestError(
+            f"{prefix}{unknown[0]}: not a {cls.__name__} field (known: {', '.join(cls.__struct_fields__)})",
+            param=f"{prefix}{unknown[0]}",
+        )
+    try:
+        return msgspec.convert(fields, cls)
+    except msgspec.ValidationError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, InvalidRequestError):
+            raise InvalidRequestError(f"{prefix}{cause.message}", param=f"{prefix}{cause.param}") from exc
+        match = _PATH.search(str(exc))
+        field = f"{prefix}{match.group(1)}" if match and match.group(1) else where or None
+        raise InvalidRequestError(f"{field}: {str(exc).split(' - at ')[0]}", param=field) from exc
+
+
+def build_stage_params(
+    model: ServedModel,
+    *,
+    sampling: dict[str, Any] | None = None,
+    diffusion: dict[str, Any] | None = None,
+    generation: dict[str, Any] | None = None,
+    stage_params: list[dict[str, Any] | None] | None = None,
+) -> list[StageParams | None]:
+    """One entry per stage, in stage order (None: that stage's defaults)."""
+    stages = model.stages
+    if stage_params is not None and len(stage_params) > len(stages):
+        raise InvalidRequestError(
+            f"stage_params has {len(stage_params)} entries but model {model.name!r} has {len(stages)} stages",
+            param="stage_params",
+        )
+    entry_ar = next((s.stage_id for s in stages if s.kind == StageKind.AR), None)
+    result: list[StageParams | None] = []
+    for index, stage in enumerate(stages):
+        fields: dict[str, Any] = {}
+        if stage.kind == StageKind.AR and stage.stage_id == entry_ar:
+            fields.update(sampling or {})
+        elif stage.kind == StageKind.DIFFUSION:
+            fields.update(diffusion or {})
+        elif stage.kind == StageKind.GENERATION:
+            fields.update(generation or {})
+        override = stage_params[index] if stage_params and index < len(stage_params) else None
+        if override is not None:
+            fields.update(override)
+        cls = params_class(stage.kind)
+        where = f"stage_params[{index}]" if override is not None else ""
+        result.append(make_params(cls, fields, where=where) if fields else None)
+    return result
+
+
+def sampling_fields(request: Any, *, max_tokens: int | None) -> dict[str, Any]:
+    """SamplingParams fields from a chat/completions request; only what the client set."""
+    names = (
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "min_tokens",
+        "stop_token_ids",
+        "seed",
+    )
+    fields = {name: getattr(request, name) for name in names if getattr(request, name, None) is not None}
+    if request.stop is not None:
+        fields["stop"] = [request.stop] if isinstance(request.stop, str) else list(request.stop)
+    if request.ignore_eos:
+        fields["ignore_eos"] = True
+    if max_tokens is not None:
+        fields["max_tokens"] = max_tokens
+    return fields
+
+
+__all__ = ["DiffusionParams", "GenerationParams", "SamplingParams", "build_stage_params", "make_params"]
+
+
+def parse_size(size: str | None, *, param: str = "size") -> tuple[int, int] | None:
+    """'WxH' -> (width, height); None or 'auto' -> None (the model's default)."""
+    if size is None or size == "auto":
+        return None
+    width, _, height = size.partition("x")
+    if not (width.isdigit() and height.isdigit()) or int(width) < 1 or int(height) < 1:
+        raise InvalidRequestError(f"{param}: {size!r} is not WIDTHxHEIGHT (e.g. 512x512)", param=param)
+    return int(width), int(height)
+
+
+def diffusion_fields(
+    request: Any,
+    *,
+    max_pixels: int,
+    seed: int | None = None,
+    num_outputs: int | None = None,
+    images: list[Any] | None = None,
+    mask: Any = None,
+    num_frames: int | None = None,
+    fps: int | None = None,
+) -> dict[str, Any]:
+    """DiffusionParams fields from a request's generation fields (only what the client set).
+
+    The pixel limit is checked here, before any work starts: a size the server would refuse must not
+    occupy a diffusion stage first.
+    """
+    fields: dict[str, Any] = {}
+    for name in (
+        "negative_prompt",
+        "num_inference_steps",
+        "guidance_scale",
+        "guidance_scale_2",
+        "true_cfg_scale",
+    ):
+        value = getattr(request, name, None)
+        if value is not None:
+            fields[name] = value
+    size = parse_size(getattr(request, "size", None))
+    width, height = size if size else (getattr(request, "width", None), getattr(request, "height", None))
+    if width is not None or height is not None:
+        # One side alone is checked as a square: the model's default for the other side is not known here.
+        w, h = width or height, height or width
+        if w * h > max_pixels:
+            param = "size" if size else ("width" if width is not None else "height")
+            raise InvalidRequestError(
+                f"{param}: requested image size {w}x{h} exceeds the maximum of {max_pixels} pixels",
+                param=param,
+            )
+    optional = {
+        "width": width,
+        "height": height,
+        "seed": seed,
+        "num_outputs": num_outputs,
+        "image": images or None,
+        "mask": mask,
+        "num_frames": num_frames,
+        "fps": fps,
+    }
+    fields.update({k: v for k, v in optional.items() if v is not None})
+    return fields

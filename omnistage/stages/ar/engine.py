@@ -1,0 +1,386 @@
+"""The AR engine: continuous batching over a paged KV cache, driving a transformers decoder.
+
+Each `step()` is one iteration of: schedule (scheduler.py) → one packed forward (model_runner.py) →
+sample (sampler.py) → append tokens, detokenize, check stop conditions → emit deltas. The engine is
+synchronous and single-threaded; the worker loop adds and aborts requests between steps.
+
+engine_args (all optional): block_size (16), enable_prefix_caching (True), kv_cache_memory_fraction (0.1
+of free memory when the deploy sets no kv_cache_bytes), max_model_len (the config's
+max_position_embeddings), cpu_packed_linear (True: float32 linears on CPU run on prepacked oneDNN
+weights, see packed_linear.py), scheduling_policy ("fcfs" | "priority"), seed (unseeded sampling),
+model_loader and step_embed_hook ("module:function", see loader.py and model_runner.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+
+from omnistage.config.pipeline import load_ref
+from omnistage.errors import InvalidRequestError, OmniError
+from omnistage.outputs import StageOutput
+from omnistage.stages.ar.detokenizer import IncrementalDetokenizer, decoder_for
+from omnistage.stages.ar.inputs import InputRules, make_request, merge_chunk
+from omnistage.stages.ar.kv_cache import BlockManager, KVStorage, bytes_per_token, plan_num_blocks
+from omnistage.stages.ar.loader import LoadedModel, check_loaded, load_causal_lm, resolve_dtype
+from omnistage.stages.ar.model_runner import ModelRunner, uses_mrope
+from omnistage.stages.ar.packed_linear import pack_linears, packing_available
+from omnistage.stages.ar.sampler import Sampler
+from omnistage.stages.ar.scheduler import ScheduledSeq, Scheduler
+from omnistage.stages.ar.sequence import ARRequest, Sequence, SequenceInputError, cacheable_tokens
+from omnistage.stages.base import EngineContext, StageRequest
+
+logger = logging.getLogger(__name__)
+
+
+def create_engine(ctx: EngineContext) -> AREngine:
+    return AREngine(ctx)
+
+
+class AREngine:
+    def __init__(self, ctx: EngineContext):
+        args, deploy = ctx.engine_args, ctx.deploy
+        self.device = torch.device(ctx.device)
+        self.model = self._load_model(ctx)
+        config = self.model.config
+        self.tokenizer = self.model.tokenizer
+        self.max_model_len = int(
+            args.get("max_model_len") or getattr(config, "max_position_embeddings", 4096)
+        )
+        self.block_size = int(args.get("block_size", 16))
+        self._kv_shape = _kv_shape(config)
+        self.num_blocks = plan_num_blocks(
+            bytes_per_token(*self._kv_shape, self.dtype),
+            self.block_size,
+            deploy.kv_cache_bytes,
+            float(args.get("kv_cache_memory_fraction", 0.1)),
+            self.device,
+            max_useful_blocks=deploy.max_num_seqs * -(-self.max_model_len // self.block_size) + 1,
+        )
+        prefix_caching = bool(args.get("enable_prefix_caching", True))
+        self.blocks = BlockManager(self.num_blocks, self.block_size, prefix_caching)
+        policy = args.get("scheduling_policy", "fcfs")
+        self.scheduler = Scheduler(self.blocks, deploy.max_num_seqs, deploy.max_num_batched_tokens, policy)
+        self.step_hook = load_ref(args.get("step_embed_hook"))
+        self.runner = ModelRunner(self.model, self._new_kv(), self.block_size, self.device, self.step_hook)
+        self.sampler = Sampler(self.model.eos_token_ids, seed=args.get("seed"))
+        self.rules = InputRules(
+            tokenizer=self.tokenizer,
+            vocab_size=getattr(self.model.embed, "num_embeddings", None) or config.vocab_size,
+            # inputs_embeds rows have the embedding's width (a talker projects them to its own width)
+            hidden_size=getattr(self.model.embed, "embedding_dim", None) or config.hidden_size,
+            position_rows=3 if uses_mrope(config) else 1,
+            max_model_len=self.max_model_len,
+            dtype=self.dtype,
+            default_params=dict(deploy.default_params or {}),
+            constraints=dict(ctx.stage.sampling_constraints or {}),
+            pad_token_id=getattr(config, "pad_token_id", None) or 0,
+        )
+        self.requests: dict[str, ARRequest] = {}
+        self._pending: list[StageOutput] = []
+        self._sleep_level: int | None = None
+        self.peak_running = 0
+
+    def _load_model(self, ctx: EngineContext) -> LoadedModel:
+        model_dir = ctx.model_dir
+        if model_dir and ctx.stage.model_subfolder:
+            model_dir = os.path.join(model_dir, ctx.stage.model_subfolder)
+        self.dtype = resolve_dtype(ctx.deploy.dtype, model_dir, ctx.device)
+        ref = ctx.engine_args.get("model_loader")
+        loader = load_ref(ref) if ref else load_causal_lm
+        model = check_loaded(loader(model_dir, self.dtype, str(self.device)), str(ref or "default"))
+        if (
+            ctx.engine_args.get("cpu_packed_linear", True)
+            and self.device.type == "cpu"
+            and packing_available()
+        ):
+            pack_linears(model.decoder)
+            pack_linears(model.head)
+        return model
+
+    def _new_kv(self) -> KVStorage:
+        return KVStorage(
+            self._kv_shape[0], self.num_blocks, self.block_size, *self._kv_shape[1:], self.dtype, self.device
+        )
+
+    # ---- requests --------------------------------------------------------------------------------------
+    def add_request(self, request: StageRequest) -> None:
+        rid = request.request_id
+        try:
+            if rid in self.requests:
+                raise InvalidRequestError(
+                    f"request id {rid!r} is already running on this stage", param="request_id"
+                )
+            ar = make_request(request, self.rules)
+            self._check_fits(ar)
+        except OmniError as exc:
+            self._pending.append(_error_output(rid, exc))
+            return
+        self.requests[rid] = ar
+        capacity = self.blocks.num_total_blocks * self.block_size
+        limit = min(self.max_model_len, capacity) - len(ar.prompt_token_ids)
+        max_tokens = min(ar.params.max_tokens or limit, limit)
+        cacheable = cacheable_tokens(ar, self.step_hook is not None)
+        for index in range(ar.params.n):
+            seq = Sequence(
+                request=ar,
+                index=index,
+                token_ids=list(ar.prompt_token_ids),
+                max_tokens=max_tokens,
+                detokenizer=self._detokenizer(ar),
+                generator=_generator(ar.params.seed, index),
+                max_cacheable_tokens=cacheable,
+            )
+            ar.sequences.append(seq)
+            self.scheduler.add(seq)
+
+    def _check_fits(self, ar: ARRequest) -> None:
+        need = self.blocks.blocks_needed(len(ar.prompt_token_ids) + 1)
+        if need > self.blocks.num_total_blocks:
+            raise InvalidRequestError(
+                f"the prompt needs {need} KV blocks but the whole cache has {self.blocks.num_total_blocks}",
+                param="prompt",
+            )
+
+    def _detokenizer(self, ar: ARRequest) -> IncrementalDetokenizer | None:
+        if self.tokenizer is None or not ar.params.detokenize:
+            return None
+        decode = decoder_for(self.tokenizer, ar.params.skip_special_tokens)
+        return IncrementalDetokenizer(decode, ar.prompt_token_ids)
+
+    def add_chunk(self, request_id: str, inputs: dict[str, Any], last: bool) -> None:
+        """More inputs for a streaming request (e.g. thinker hidden rows a talker's step hook reads)."""
+        ar = self.requests.get(request_id)
+        if ar is not None:
+            merge_chunk(ar.inputs, inputs)
+            ar.inputs["input_finished"] = bool(last)
+
+    def abort(self, request_id: str) -> None:
+        self._pending = [o for o in self._pending if o.request_id != request_id]
+        ar = self.requests.pop(request_id, None)
+        if ar is not None:
+            for seq in ar.sequences:
+                if not seq.finished:
+                    self.scheduler.finish(seq)
+
+    def has_work(self) -> bool:
+        return bool(self._pending) or (self._sleep_level is None and self.scheduler.has_work())
+
+    # ---- the loop --------------------------------------------------------------------------------------
+    def step(self) -> list[StageOutput]:
+        outputs, self._pending = self._pending, []
+        if self._sleep_level is not None:
+            return outputs
+        batch = self.scheduler.schedule()
+        if not batch:
+            return outputs
+        self.peak_running = max(self.peak_running, len(self.scheduler.running))
+        try:
+            return outputs + self._run(batch)
+        except SequenceInputError as exc:
+            return outputs + self._fail(exc.seq.request, exc.cause)
+        except Exception as exc:  # noqa: BLE001 - a failed step fails the requests in it, not the engine
+            logger.exception("AR step failed")
+            for ar in dict.fromkeys(item.seq.request for item in batch):
+                if ar.request_id in self.requests:
+                    outputs += self._fail(ar, exc)
+            return outputs
+
+    def _run(self, batch: list[ScheduledSeq]) -> list[StageOutput]:
+        result = self.runner.execute(batch)
+        for item in batch:
+            item.seq.num_computed_tokens += item.num_tokens
+            self.blocks.commit(item.seq)
+        outputs = self._sample(result.logits, result.sampling)
+        rows = {item.seq.seq_id: (item, result.offsets[i]) for i, item in enumerate(batch)}
+        for ar in dict.fromkeys(item.seq.request for item in batch):
+            if ar.request_id in self.requests:
+                outputs += self._request_outputs(ar, result.hidden, rows)
+        return outputs
+
+    def _sample(self, logits: torch.Tensor | None, sampling: list[ScheduledSeq]) -> list[StageOutput]:
+        failed: list[StageOutput] = []
+        seqs = [item.seq for item in sampling]
+        while seqs:
+            try:
+                sample = self.sampler(logits, seqs)
+                break
+            except SequenceInputError as exc:
+                failed += self._fail(exc.seq.request, exc.cause)
+                keep = [i for i, s in enumerate(seqs) if s.request is not exc.seq.request]
+                seqs, logits = [seqs[i] for i in keep], logits[keep]
+        else:
+            return failed
+        for seq, token, logprob in zip(seqs, sample.token_ids, sample.logprobs, strict=True):
+            self._append_token(seq, token, logprob)
+        return failed
+
+    def _append_token(self, seq: Sequence, token: int, logprob: dict[str, Any] | None) -> None:
+        seq.token_ids.append(token)
+        if logprob is not None:
+            seq.pending_logprobs.append(logprob)
+        new_text = seq.detokenizer.step(seq.token_ids) if seq.detokenizer else ""
+        seq.output_text += new_text
+        reason = self._stop_reason(seq, token, new_text)
+        if reason is None:
+            return
+        seq.finish_reason = reason
+        if seq.detokenizer and not isinstance(seq.stop_reason, str):
+            seq.output_text += seq.detokenizer.flush(seq.token_ids)
+        self.scheduler.finish(seq)
+
+    def _stop_reason(self, seq: Sequence, token: int, new_text: str) -> str | None:
+        p = seq.params
+        if seq.num_output_tokens >= p.min_tokens:
+            if token in self.sampler.eos_token_ids and not p.ignore_eos:
+                return "stop"
+            if token in p.stop_token_ids:
+                seq.stop_reason = token
+                return "stop"
+            if p.stop and new_text and self._find_stop_string(seq, len(new_text)):
+                return "stop"
+        if seq.num_output_tokens >= seq.max_tokens:
+            return "length"
+        return None
+
+    def _find_stop_string(self, seq: Sequence, new_len: int) -> bool:
+        """Truncate the output at the first stop string the new text completed."""
+        text = seq.output_text
+        longest = max(len(s) for s in seq.params.stop)
+        from_pos = max(0, len(text) - new_len - longest + 1)
+        found = [(i, s) for s in seq.params.stop if (i := text.find(s, from_pos)) >= 0]
+        if not found:
+            return False
+        index, stop = min(found)
+        seq.output_text = text[: index + len(stop)] if seq.params.include_stop_str_in_output else text[:index]
+        seq.stop_reason = stop
+        return True
+
+    # ---- outputs ---------------------------------------------------------------------------------------
+    def _request_outputs(
+        self, ar: ARRequest, hidden: torch.Tensor, rows: dict[int, tuple[ScheduledSeq, int]]
+    ) -> list[StageOutput]:
+        outputs = []
+        for seq in ar.sequences:
+            out = self._seq_output(seq, hidden, rows.get(seq.seq_id))
+            if out is not None:
+                outputs.append(out)
+        if ar.finished:
+            del self.requests[ar.request_id]
+            if not outputs:  # cannot happen for a request that finished this step, but never end silently
+                outputs.append(StageOutput(request_id=ar.request_id))
+            outputs[-1].finished = True
+            outputs[-1].finish_reason = ar.sequences[-1].finish_reason if ar.params.n == 1 else _overall(ar)
+        if outputs and not ar.first_output_sent:
+            ar.first_output_sent = True
+            outputs[0].data["prompt_token_ids"] = list(ar.prompt_token_ids)
+            outputs[0].data["num_cached_tokens"] = ar.sequences[0].num_cached_tokens
+            # Request facts the input processor computed for downstream stages (e.g. multimodal positions)
+            outputs[0].data.update(ar.inputs.get("output_data") or {})
+        return outputs
+
+    def _seq_output(self, seq: Sequence, hidden: torch.Tensor, row: tuple | None) -> StageOutput | None:
+        p = seq.params
+        token_ids = seq.token_ids[seq.num_prompt_tokens + seq.num_tokens_sent :]
+        seq.num_tokens_sent += len(token_ids)
+        end = len(seq.output_text)
+        if p.stop and not seq.finished:
+            end -= max(len(s) for s in p.stop) - 1  # a stop string may still complete over this tail
+        text = seq.output_text[seq.num_text_sent : max(end, seq.num_text_sent)]
+        seq.num_text_sent += len(text)
+        out = StageOutput(request_id=seq.request.request_id, token_ids=token_ids, text=text)
+        if seq.pending_logprobs:
+            out.data["logprobs"], seq.pending_logprobs = seq.pending_logprobs, []
+        if p.return_hidden_states and row is not None:
+            item, offset = row
+            first = max(item.start, seq.num_hidden_rows_sent)
+            last = item.start + item.num_tokens
+            if last > first:
+                out.tensors["hidden_states"] = hidden[
+                    offset + first - item.start : offset + last - item.start
+                ].clone()
+                seq.num_hidden_rows_sent = last
+        just_finished = seq.finished and not seq.finish_sent
+        if not (token_ids or text or out.tensors or just_finished):
+            return None
+        if p.n > 1:
+            out.data["index"] = seq.index
+            if just_finished:
+                out.data["seq_finished"] = True
+                out.data["seq_finish_reason"] = seq.finish_reason
+        if just_finished:
+            seq.finish_sent = True
+            if seq.stop_reason is not None:
+                out.data["stop_reason"] = seq.stop_reason
+        return out
+
+    def _fail(self, ar: ARRequest, exc: BaseException) -> list[StageOutput]:
+        logger.warning("request %s failed: %s", ar.request_id, exc)
+        self.abort(ar.request_id)
+        return [_error_output(ar.request_id, exc)]
+
+    # ---- sleep -----------------------------------------------------------------------------------------
+    def sleep(self, level: int = 1) -> None:
+        """Level 0 pauses scheduling; level 1 also frees the KV cache and moves the weights to CPU.
+        Requests keep arriving while asleep; running ones are preempted and recompute after wake_up."""
+        if level not in (0, 1):
+            raise ValueError(f"sleep level must be 0 or 1, got {level}")
+        self._sleep_level = max(level, self._sleep_level or 0)
+        if level == 1 and self.runner.kv is not None:
+            self.scheduler.preempt_all()
+            self.blocks.reset_prefix_cache()
+            self.runner.offload()
+
+    def wake_up(self) -> None:
+        """Restore weights and cache; admission resumes by itself (has_work() is true again)."""
+        if self.runner.kv is None:
+            self.runner.restore(self._new_kv())
+        self._sleep_level = None
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "num_requests": len(self.requests),
+            "num_waiting": len(self.scheduler.waiting),
+            "num_running": len(self.scheduler.running),
+            "peak_running": self.peak_running,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "sleep_level": self._sleep_level,
+            "block_size": self.block_size,
+            "max_model_len": self.max_model_len,
+            **self.blocks.stats(),
+        }
+
+
+def _kv_shape(config: Any) -> tuple[int, int, int]:
+    """(layers, KV heads, head dim) of a transformers text config."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return config.num_hidden_layers, kv_heads, head_dim
+
+
+def _generator(seed: int | None, index: int) -> torch.Generator | None:
+    if seed is None:
+        return None
+    return torch.Generator().manual_seed(seed + index)
+
+
+def _overall(ar: ARRequest) -> str:
+    reasons = {s.finish_reason for s in ar.sequences}
+    return "length" if reasons == {"length"} else "stop"
+
+
+def _error_output(request_id: str, exc: BaseException) -> StageOutput:
+    data = {"param": exc.param} if isinstance(exc, OmniError) and exc.param else {}
+    message = exc.message if isinstance(exc, OmniError) else f"{type(exc).__name__}: {exc}"
+    return StageOutput(
+        request_id=request_id,
+        finished=True,
+        finish_reason="error",
+        error=message,
+        error_type=type(exc).__name__,
+        data=data,
+    )

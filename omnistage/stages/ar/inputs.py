@@ -1,0 +1,229 @@
+"""Turning a StageRequest into an `ARRequest`: prompt forms, sampling parameters, extra model inputs.
+
+Prompt forms: `str` (tokenized as is, no chat template), `list[int]`, or a dict with `prompt_token_ids`,
+`prompt` or `messages` (rendered with the tokenizer's chat template and the generation prompt).
+`StageRequest.inputs` may carry `inputs_embeds` ([L, H], replacing the prompt's embedding lookup),
+`position_ids` ([L] or [R, L]) and `rope_delta` (int); `output_data` (a dict) is copied into the
+request's first output's `data`, so an input processor can pass facts it computed downstream. Every rule
+broken raises InvalidRequestError naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import msgspec
+import torch
+
+from omnistage.config.pipeline import load_ref
+from omnistage.errors import InvalidRequestError
+from omnistage.params import SamplingParams
+from omnistage.stages.ar.sequence import ARRequest
+from omnistage.stages.base import StageRequest
+
+
+@dataclasses.dataclass
+class InputRules:
+    """What the loaded model accepts."""
+
+    tokenizer: Any | None
+    vocab_size: int
+    hidden_size: int
+    position_rows: int  # 1, or 3 for multimodal RoPE
+    max_model_len: int
+    dtype: torch.dtype
+    default_params: dict[str, Any]
+    constraints: dict[str, Any]
+    pad_token_id: int = 0
+
+
+def make_params(given: Any, rules: InputRules) -> SamplingParams:
+    """The request's SamplingParams over the stage defaults, with the stage's constraints on top."""
+    try:
+        if given is None:
+            params = SamplingParams(**rules.default_params)
+        elif isinstance(given, dict):
+            params = SamplingParams(**{**rules.default_params, **given})
+        elif isinstance(given, SamplingParams):
+            params = given
+        else:
+            raise InvalidRequestError(
+                f"params must be SamplingParams for an AR stage, got {type(given).__name__}", param="params"
+            )
+        if rules.constraints:
+            params = constrain(params, rules.constraints)
+    except TypeError as exc:
+        raise InvalidRequestError(f"invalid sampling parameter: {exc}", param="params") from exc
+    bad = [t for t in params.allowed_token_ids or [] if not 0 <= t < rules.vocab_size]
+    if bad or params.allowed_token_ids == []:
+        raise InvalidRequestError(
+            f"allowed_token_ids must be a non-empty list of ids in [0, {rules.vocab_size})",
+            param="allowed_token_ids",
+        )
+    return params
+
+
+def constrain(params: SamplingParams, constraints: dict[str, Any]) -> SamplingParams:
+    """The model's fixed parameters: scalars win, lists (e.g. codec stop ids) are extended. The same rule
+    as the API's, and idempotent, so applying it again here is harmless."""
+    changes = {}
+    for key, value in constraints.items():
+        current = getattr(params, key)
+        if isinstance(value, list) and isinstance(current, list):
+            value = list(dict.fromkeys([*current, *value]))
+        changes[key] = value
+    return msgspec.structs.replace(params, **changes)
+
+
+def make_request(req: StageRequest, rules: InputRules) -> ARRequest:
+    params = make_params(req.params, rules)
+    inputs = dict(req.inputs or {})
+    embeds = _prompt_embeds(inputs.get("inputs_embeds"), rules)
+    if isinstance(req.prompt, dict) and req.prompt.get("multi_modal_data") and embeds is None:
+        raise InvalidRequestError(
+            "this stage takes text only; multi_modal_data needs a model whose input processor embeds it",
+            param="multi_modal_data",
+        )
+    token_ids = _prompt_token_ids(req.prompt, rules, embeds)
+    if not token_ids:
+        raise InvalidRequestError("the prompt is empty", param="prompt")
+    if embeds is not None and embeds.shape[0] != len(token_ids):
+        raise InvalidRequestError(
+            f"inputs_embeds has {embeds.shape[0]} rows but the prompt has {len(token_ids)} tokens",
+            param="inputs_embeds",
+        )
+    bad = [t for t in token_ids if not 0 <= t < rules.vocab_size]
+    if bad:
+        raise InvalidRequestError(
+            f"prompt token id {bad[0]} is outside the vocabulary [0, {rules.vocab_size})",
+            param="prompt_token_ids",
+        )
+    if len(token_ids) >= rules.max_model_len:
+        raise InvalidRequestError(
+            f"the prompt has {len(token_ids)} tokens; this model takes at most {rules.max_model_len - 1} "
+            f"(max_model_len {rules.max_model_len} includes at least one generated token)",
+            param="prompt",
+        )
+    positions = _positions(inputs.get("position_ids"), len(token_ids), rules)
+    processors = [_processor(ref) for ref in params.logits_processors]
+    return ARRequest(
+        request_id=req.request_id,
+        prompt_token_ids=token_ids,
+        params=params,
+        priority=int(req.priority or 0),
+        arrival_time=req.arrival_time,
+        inputs=inputs,
+        prompt_embeds=embeds,
+        positions=positions,
+        rope_delta=int(inputs.get("rope_delta", 0) or 0),
+        logits_processors=processors,
+    )
+
+
+def _prompt_token_ids(prompt: Any, rules: InputRules, embeds: torch.Tensor | None) -> list[int]:
+    if isinstance(prompt, str):
+        return _encode(prompt, rules)
+    if isinstance(prompt, (list, tuple)):
+        return _int_list(prompt, "prompt")
+    if isinstance(prompt, dict):
+        if prompt.get("prompt_token_ids") is not None:
+            return _int_list(prompt["prompt_token_ids"], "prompt_token_ids")
+        if prompt.get("prompt") is not None:
+            return _encode(prompt["prompt"], rules)
+        if prompt.get("messages") is not None:
+            return _chat(prompt["messages"], rules)
+    if prompt is None or isinstance(prompt, dict):
+        if embeds is not None:  # embeddings alone: placeholder ids keep the per-token bookkeeping uniform
+            return [rules.pad_token_id] * embeds.shape[0]
+        raise InvalidRequestError(
+            "the prompt needs one of prompt_token_ids, prompt or messages (or inputs_embeds)", param="prompt"
+        )
+    raise InvalidRequestError(
+        f"prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}", param="prompt"
+    )
+
+
+def _int_list(values: Any, field: str) -> list[int]:
+    if isinstance(values, torch.Tensor):
+        values = values.reshape(-1).tolist()
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise InvalidRequestError(f"{field} must be a list of integers", param=field)
+    return list(values)
+
+
+def _need_tokenizer(rules: InputRules, field: str) -> Any:
+    if rules.tokenizer is None:
+        raise InvalidRequestError(
+            f"this stage has no tokenizer; send prompt_token_ids instead of {field}", param=field
+        )
+    return rules.tokenizer
+
+
+def _encode(text: Any, rules: InputRules) -> list[int]:
+    if not isinstance(text, str):
+        raise InvalidRequestError("prompt must be a string", param="prompt")
+    return list(_need_tokenizer(rules, "prompt")(text)["input_ids"])
+
+
+def _chat(messages: Any, rules: InputRules) -> list[int]:
+    tokenizer = _need_tokenizer(rules, "messages")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise InvalidRequestError("messages must be a list of {role, content} objects", param="messages")
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise InvalidRequestError("this model's tokenizer has no chat template", param="messages")
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids = out["input_ids"] if not isinstance(out, list) else out
+    return [int(t) for t in ids]
+
+
+def _prompt_embeds(value: Any, rules: InputRules) -> torch.Tensor | None:
+    if value is None:
+        return None
+    embeds = torch.as_tensor(value)
+    if embeds.ndim != 2 or embeds.shape[1] != rules.hidden_size or embeds.shape[0] == 0:
+        raise InvalidRequestError(
+            f"inputs_embeds must have shape [prompt_len, {rules.hidden_size}], got {list(embeds.shape)}",
+            param="inputs_embeds",
+        )
+    return embeds.to(rules.dtype)
+
+
+def _positions(value: Any, prompt_len: int, rules: InputRules) -> torch.Tensor | None:
+    if value is None:
+        return None
+    positions = torch.as_tensor(value, dtype=torch.long)
+    if positions.ndim == 1:
+        positions = positions[None]
+    rows = positions.shape[0]
+    if positions.ndim != 2 or positions.shape[1] != prompt_len or rows not in (1, rules.position_rows):
+        raise InvalidRequestError(
+            f"position_ids must have shape [{prompt_len}] or [{rules.position_rows}, {prompt_len}], "
+            f"got {list(positions.shape)}",
+            param="position_ids",
+        )
+    return positions.expand(rules.position_rows, -1).contiguous()
+
+
+def _processor(ref: Any) -> Any:
+    try:
+        fn = load_ref(ref)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise InvalidRequestError(
+            f"logits processor {ref!r} cannot be loaded: {exc}", param="logits_processors"
+        ) from exc
+    if not callable(fn):
+        raise InvalidRequestError(f"logits processor {ref!r} is not callable", param="logits_processors")
+    return fn
+
+
+def merge_chunk(inputs: dict[str, Any], chunk: dict[str, Any]) -> None:
+    """Streaming input: tensors and lists under a known key grow along dim 0; other values are replaced."""
+    for key, value in chunk.items():
+        old = inputs.get(key)
+        if isinstance(old, torch.Tensor) and isinstance(value, torch.Tensor):
+            inputs[key] = torch.cat([old, value], dim=0)
+        elif isinstance(old, list) and isinstance(value, list):
+            old.extend(value)
+        else:
+            inputs[key] = value

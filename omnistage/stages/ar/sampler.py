@@ -1,0 +1,163 @@
+"""Next-token selection for a step's sequences, one logits row each.
+
+Every row is processed on its own (masks, penalties, temperature, top-k/top-p/min-p), and a seeded
+sequence draws its noise from its own generator, so a request's tokens do not depend on what else is in
+the batch. Sampling uses the exponential-race form of a categorical draw (argmax of p / E, E ~ Exp(1)),
+which needs one noise vector per row and no cumulative sums.
+
+Logprobs are those of the model's raw distribution (before penalties and temperature), as in vLLM.
+Logits processors are callables `fn(output_token_ids: list[int], logits: Tensor[V]) -> Tensor[V]`, given
+by dotted path in `SamplingParams.logits_processors` (e.g. a codec-token mask for a talker).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from omnistage.stages.ar.sequence import Sequence, SequenceInputError
+
+NEG_INF = float("-inf")
+
+
+@dataclasses.dataclass
+class SampleResult:
+    token_ids: list[int]
+    logprobs: list[dict[str, Any] | None]
+
+
+class Sampler:
+    def __init__(self, eos_token_ids: list[int], seed: int | None = None):
+        self.eos_token_ids = list(eos_token_ids)
+        self.generator = torch.Generator()
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
+        """`logits` [B, V] float32, row i for `seqs[i]`."""
+        want_logprobs = [s.params.logprobs is not None for s in seqs]
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
+        logits = self._process(logits, seqs)
+        greedy = [s.params.greedy for s in seqs]
+        if all(greedy):
+            tokens = logits.argmax(dim=-1).tolist()
+        else:
+            tokens = self._sample(logits, seqs, greedy)
+        logprobs = [
+            _logprob_entry(raw_logprobs[i], tokens[i], s.params.logprobs) if want else None
+            for i, (s, want) in enumerate(zip(seqs, want_logprobs, strict=True))
+        ]
+        return SampleResult(tokens, logprobs)
+
+    # ---- logits processing -----------------------------------------------------------------------------
+    def _process(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        copied = False
+        for i, seq in enumerate(seqs):
+            p = seq.params
+            masked_ids = self._min_tokens_mask(seq)
+            penalised = p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
+            if not (
+                masked_ids or penalised or p.allowed_token_ids is not None or seq.request.logits_processors
+            ):
+                continue
+            if not copied:
+                logits, copied = logits.clone(), True
+            row = logits[i]
+            for fn in seq.request.logits_processors:
+                try:
+                    row = fn(seq.output_token_ids, row)
+                except Exception as exc:  # noqa: BLE001 - a processor failure fails its own request only
+                    raise SequenceInputError(seq, exc) from exc
+            if p.allowed_token_ids is not None:
+                allowed = torch.full_like(row, NEG_INF)
+                index = torch.tensor(p.allowed_token_ids, dtype=torch.long)
+                allowed[index] = row[index]
+                row = allowed
+            if masked_ids:
+                row[torch.tensor(masked_ids, dtype=torch.long)] = NEG_INF
+            if penalised:
+                row = _apply_penalties(row, seq)
+            logits[i] = row
+        return logits
+
+    def _min_tokens_mask(self, seq: Sequence) -> list[int]:
+        """Until `min_tokens` are out, the tokens that would end the sequence are not allowed."""
+        p = seq.params
+        if seq.num_output_tokens >= p.min_tokens:
+            return []
+        ids = list(p.stop_token_ids)
+        if not p.ignore_eos:
+            ids += self.eos_token_ids
+        return [t for t in ids if t >= 0]
+
+    # ---- sampling --------------------------------------------------------------------------------------
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], greedy: list[bool]) -> list[int]:
+        tokens = logits.argmax(dim=-1).tolist()
+        rows = [i for i, g in enumerate(greedy) if not g]
+        x = logits[rows]
+        params = [seqs[i].params for i in rows]
+        x = x / torch.tensor([p.temperature for p in params], dtype=x.dtype)[:, None]
+        x = _top_k_top_p(x, [p.top_k for p in params], [p.top_p for p in params])
+        probs = torch.softmax(x, dim=-1)
+        min_p = torch.tensor([p.min_p for p in params], dtype=probs.dtype)
+        if bool((min_p > 0).any()):
+            keep = probs >= min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+            probs = torch.where(keep, probs, 0.0)
+        noise = torch.empty_like(probs)
+        unseeded = [j for j, i in enumerate(rows) if seqs[i].generator is None]
+        if unseeded:
+            noise[unseeded] = torch.empty(len(unseeded), probs.shape[1]).exponential_(
+                generator=self.generator
+            )
+        for j, i in enumerate(rows):
+            if seqs[i].generator is not None:
+                noise[j].exponential_(generator=seqs[i].generator)
+        picked = (probs / noise).argmax(dim=-1).tolist()
+        for j, i in enumerate(rows):
+            tokens[i] = picked[j]
+        return tokens
+
+
+def _apply_penalties(row: torch.Tensor, seq: Sequence) -> torch.Tensor:
+    """Repetition penalty over prompt and output (HF/vLLM rule: divide positive logits, multiply negative
+    ones); presence and frequency penalties over the output (OpenAI rule)."""
+    p = seq.params
+    vocab = row.shape[0]
+    if p.repetition_penalty != 1.0:
+        seen = torch.tensor([t for t in set(seq.token_ids) if 0 <= t < vocab], dtype=torch.long)
+        if seen.numel():
+            vals = row[seen]
+            row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+    if (p.presence_penalty or p.frequency_penalty) and seq.num_output_tokens:
+        out = torch.tensor([t for t in seq.output_token_ids if 0 <= t < vocab], dtype=torch.long)
+        counts = torch.zeros(vocab, dtype=row.dtype).index_add_(0, out, torch.ones(len(out), dtype=row.dtype))
+        row = row - p.frequency_penalty * counts - p.presence_penalty * (counts > 0).to(row.dtype)
+    return row
+
+
+def _top_k_top_p(x: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+    vocab = x.shape[1]
+    ks = [k if 0 < k < vocab else vocab for k in top_k]
+    if all(k == vocab for k in ks) and all(p >= 1.0 for p in top_p):
+        return x
+    sorted_x, order = x.sort(dim=-1, descending=True)
+    rank = torch.arange(vocab)[None, :]
+    drop = rank >= torch.tensor(ks)[:, None]
+    sorted_x = sorted_x.masked_fill(drop, NEG_INF)
+    p = torch.tensor(top_p, dtype=x.dtype)[:, None]
+    cum = torch.softmax(sorted_x, dim=-1).cumsum(dim=-1)
+    drop_p = (cum - torch.softmax(sorted_x, dim=-1)) >= p  # keep the smallest prefix reaching top_p
+    sorted_x = sorted_x.masked_fill(drop_p & (rank > 0), NEG_INF)
+    return torch.full_like(x, NEG_INF).scatter(1, order, sorted_x)
+
+
+def _logprob_entry(logprobs: torch.Tensor, token: int, top: int) -> dict[str, Any]:
+    entry: dict[str, Any] = {"token_id": token, "logprob": float(logprobs[token]), "top": {}}
+    if top:
+        values, ids = logprobs.topk(top)
+        entry["top"] = {int(i): float(v) for i, v in zip(ids.tolist(), values.tolist(), strict=True)}
+    return entry

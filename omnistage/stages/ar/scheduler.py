@@ -1,0 +1,132 @@
+"""Which sequences run this step, and with how many tokens.
+
+One unified token budget per step (`max_num_batched_tokens`) covers decodes and prefill chunks alike, as
+in vLLM v1: running sequences go first (each needs one token, or the rest of its prefill), then waiting
+sequences are admitted while the budget, `max_num_seqs` and the KV cache allow; a prompt longer than the
+remaining budget is prefilled in chunks over several steps. Order is FCFS, or (priority, arrival) with
+the "priority" policy. When a running sequence needs a block and none is free, the sequence that comes
+last in that order is preempted by recompute: its blocks are freed and it waits to be prefilled again
+(its full blocks usually survive in the prefix cache, so recomputing is cheap).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import logging
+
+from omnistage.errors import ConfigError
+from omnistage.stages.ar.kv_cache import BlockManager
+from omnistage.stages.ar.sequence import Sequence, SequenceStatus
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class ScheduledSeq:
+    seq: Sequence
+    start: int  # first position computed this step
+    num_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """The step reaches the sequence's last token, so its logits pick the next one."""
+        return self.start + self.num_tokens == self.seq.num_tokens
+
+
+class Scheduler:
+    def __init__(
+        self,
+        blocks: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        policy: str = "fcfs",
+    ):
+        if policy not in ("fcfs", "priority"):
+            raise ConfigError(f"scheduling_policy must be 'fcfs' or 'priority', got {policy!r}")
+        if max_num_batched_tokens < max_num_seqs:
+            raise ConfigError(
+                f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs "
+                f"({max_num_seqs}): every running sequence needs one token of each step's budget"
+            )
+        self.blocks = blocks
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.policy = policy
+        self.waiting: list[Sequence] = []  # kept sorted by `_key`
+        self.running: list[Sequence] = []  # kept sorted by `_key`
+        self.num_preemptions = 0
+
+    def _key(self, seq: Sequence) -> tuple:
+        priority, arrival, seq_id = seq.sort_key
+        return (priority if self.policy == "priority" else 0, arrival, seq_id)
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        bisect.insort(self.waiting, seq, key=self._key)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> list[ScheduledSeq]:
+        budget = self.max_num_batched_tokens
+        batch: list[ScheduledSeq] = []
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.blocks.can_append(seq, n):
+                victim = self.running[-1]
+                self.preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # `seq` preempted itself; the next sequence now sits at index i
+            self.blocks.append(seq, n)
+            batch.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
+            budget -= n
+            i += 1
+        if not preempted:
+            budget = self._admit(batch, budget)
+        return batch
+
+    def _admit(self, batch: list[ScheduledSeq], budget: int) -> int:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            hits = self.blocks.match_prefix(seq)
+            computed = len(hits) * self.blocks.block_size
+            n = min(seq.num_tokens - computed, budget)
+            if not self.blocks.can_admit(hits, n):
+                break  # FCFS: nobody overtakes the head of the queue
+            self.waiting.pop(0)
+            self.blocks.admit(seq, hits)
+            self.blocks.append(seq, n)
+            seq.status = SequenceStatus.RUNNING
+            bisect.insort(self.running, seq, key=self._key)
+            batch.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
+            budget -= n
+        return budget
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free `seq`'s cache and queue it for recompute (its tokens so far are kept)."""
+        self.running.remove(seq)
+        self.blocks.free_seq(seq)
+        seq.num_computed_tokens = 0
+        self.num_preemptions += 1
+        self.add(seq)
+        logger.debug("preempted sequence %d of %s", seq.seq_id, seq.request.request_id)
+
+    def preempt_all(self) -> None:
+        for seq in list(self.running):
+            self.preempt(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        """Drop `seq` from whichever queue holds it and release its blocks."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING and seq in self.waiting:
+            self.waiting.remove(seq)
+        self.blocks.free_seq(seq)
+        seq.status = SequenceStatus.FINISHED

@@ -1,0 +1,335 @@
+"""The diffusion stage engine: serves any diffusers pipeline directory.
+
+Two execution modes (`engine_args.execution`):
+  - "step" (default for Wan T2V/I2V, FLUX.1, SD3, Qwen-Image): the engine drives encode → one denoise step →
+    decode itself; each `step()` admits waiting requests, advances one group of compatible requests by one
+    step in one transformer forward, reports progress, and decodes the requests that finished.
+  - "request" (any other pipeline, or by choice): compatible requests run as one plain pipeline call.
+
+Other `engine_args`: request_batch_max_wait_ms, step_policy (srpt | fcfs), aging_s, step_token_budget (latent
+tokens per shared forward; default unlimited), cache ({backend, ...} for
+every request), cfg_parallel_size, ulysses_degree, attention_backend, quantization, vae_tiling, vae_slicing,
+offload, offload_group_size, limits ({max_pixels, max_num_frames, max_inference_steps, max_outputs}),
+parallel_timeout_s (how long a parallel rank waits on the others; default 600).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import torch
+
+from omnistage import media
+from omnistage.config.deploy import StageDeploy
+from omnistage.errors import ConfigError, InvalidRequestError
+from omnistage.outputs import StageOutput
+from omnistage.params import DiffusionParams
+from omnistage.stages.base import EngineContext, StageRequest
+from omnistage.stages.diffusion.request import DiffusionRequest
+from omnistage.stages.diffusion.runner import DiffusionRunner
+from omnistage.stages.diffusion.scheduler import RequestBatchScheduler, StepScheduler
+
+logger = logging.getLogger(__name__)
+
+ENGINE_ARGS = {
+    "execution",
+    "request_batch_max_wait_ms",
+    "step_policy",
+    "aging_s",
+    "cache",
+    "cfg_parallel_size",
+    "ulysses_degree",
+    "attention_backend",
+    "quantization",
+    "vae_tiling",
+    "vae_slicing",
+    "offload",
+    "offload_group_size",
+    "limits",
+    "num_threads",
+    "parallel_timeout_s",
+    "step_token_budget",
+}
+
+
+class DiffusionEngine:
+    def __init__(
+        self, model_dir: str, deploy: StageDeploy, device: str = "cpu", engine_args: dict | None = None
+    ):
+        args = dict(engine_args if engine_args is not None else deploy.engine_args)
+        unknown = sorted(set(args) - ENGINE_ARGS)
+        if unknown:
+            raise ConfigError(
+                f"unknown diffusion engine_args key {unknown[0]!r}; known: {', '.join(sorted(ENGINE_ARGS))}"
+            )
+        if deploy.num_threads:
+            torch.set_num_threads(deploy.num_threads)
+        self.deploy = deploy
+        self.default_params = dict(deploy.default_params)
+        self.runner = DiffusionRunner(model_dir, deploy.dtype, device, args)
+        self.adapter = self.runner.adapter
+        self.mode = args.get("execution") or ("step" if self.runner.supports_steps else "request")
+        self._check_mode(args)
+        self.runner.start_executor(args)
+        if self.mode == "step":
+            budget = args.get("step_token_budget")
+            self.scheduler = StepScheduler(
+                self.adapter.step_batch_key,
+                self.adapter.latent_tokens,
+                deploy.max_num_seqs,
+                policy=args.get("step_policy", "srpt"),
+                aging_s=float(args.get("aging_s", 30.0)),
+                tokens=self.adapter.latent_tokens,
+                token_budget=int(budget) if budget else None,
+            )
+        else:
+            self.scheduler = RequestBatchScheduler(
+                self.adapter.request_batch_key,
+                deploy.max_num_seqs,
+                float(args.get("request_batch_max_wait_ms", 0)),
+            )
+        self.requests: dict[str, DiffusionRequest] = {}
+        self._pending: list[StageOutput] = []
+        self._asleep = False
+        self._finished = 0
+        logger.info("diffusion engine: %s in %s mode", self.adapter.class_name, self.mode)
+
+    def _check_mode(self, args: dict[str, Any]) -> None:
+        if self.mode not in ("step", "request"):
+            raise ConfigError(f"engine_args.execution must be 'step' or 'request', got {self.mode!r}")
+        if self.mode == "step" and not self.runner.supports_steps:
+            raise ConfigError(f"{self.adapter.class_name} has no step adapter; use execution: request")
+        parallel = int(args.get("cfg_parallel_size", 1)) > 1 or int(args.get("ulysses_degree", 1)) > 1
+        if parallel and self.mode != "step":
+            raise ConfigError("cfg_parallel_size / ulysses_degree need execution: step")
+
+    # ---- StageEngine
+    def add_request(self, request: StageRequest) -> None:
+        rid = request.request_id
+        if rid in self.requests:
+            raise ValueError(f"request_id {rid!r} is already active")
+        try:
+            req = self._parse(request)
+        except Exception as exc:  # bad input ends the request, never the engine
+            self._pending.append(_error_output(rid, exc))
+            return
+        self.requests[rid] = req
+        self.scheduler.add(req)
+
+    def add_chunk(self, request_id: str, inputs: dict[str, Any], last: bool) -> None:
+        raise NotImplementedError("diffusion stages take whole inputs (no streaming input)")
+
+    def abort(self, request_id: str) -> None:
+        self.scheduler.remove(request_id)
+        self.requests.pop(request_id, None)
+        self._pending = [o for o in self._pending if o.request_id != request_id]
+
+    def step(self) -> list[StageOutput]:
+        outputs, self._pending = self._pending, []
+        if self._asleep:
+            return outputs
+        outputs += self._step_mode() if self.mode == "step" else self._request_mode()
+        return outputs
+
+    def has_work(self) -> bool:
+        return bool(self._pending) or (len(self.scheduler) > 0 and not self._asleep)
+
+    def sleep(self, level: int = 1) -> None:
+        """Stop scheduling (requests stay queued). On a CPU there is no device memory to release."""
+        self._asleep = True
+
+    def wake_up(self) -> None:
+        self._asleep = False
+
+    def stats(self) -> dict[str, Any]:
+        running = len(getattr(self.scheduler, "running", []))
+        return {
+            "num_requests": len(self.requests),
+            "num_running": running,
+            "num_waiting": len(self.scheduler) - running,
+            "num_finished": self._finished,
+            "mode": self.mode,
+            "pipeline": self.adapter.class_name,
+        }
+
+    def shutdown(self) -> None:
+        self.runner.shutdown()
+
+    # ---- input
+    def _parse(self, request: StageRequest) -> DiffusionRequest:
+        prompt, negative, images = request.prompt, None, []
+        if isinstance(prompt, dict):
+            negative = prompt.get("negative_prompt")
+            images = list(_as_list((prompt.get("multi_modal_data") or {}).get("image")))
+            prompt = prompt.get("prompt", "")
+        if not isinstance(prompt, str):
+            raise InvalidRequestError(
+                "prompt must be a string (or a dict with a 'prompt' string)", param="prompt"
+            )
+        params = request.params
+        if isinstance(params, dict):
+            params = msgspec.convert(params, DiffusionParams)
+        params = params or DiffusionParams()
+        if not isinstance(params, DiffusionParams):
+            raise InvalidRequestError(
+                f"params must be DiffusionParams, got {type(params).__name__}", param="params"
+            )
+        params = self._with_stage_defaults(params)
+        if params.negative_prompt is None and negative is not None:
+            params = msgspec.structs.replace(params, negative_prompt=negative)
+        images = [media.decode_image(i) for i in (params.image or images)]
+        params = self.runner.resolve(params, images)
+        return DiffusionRequest(
+            request.request_id, prompt, params, images, request.priority, request.arrival_time
+        )
+
+    def _with_stage_defaults(self, params: DiffusionParams) -> DiffusionParams:
+        """The deploy's default_params fill what the request left unset."""
+        unset = {k: v for k, v in self.default_params.items() if getattr(params, k, None) is None}
+        return msgspec.structs.replace(params, **unset) if unset else params
+
+    # ---- request mode
+    def _request_mode(self) -> list[StageOutput]:
+        wave = self.scheduler.next_wave()
+        if not wave.requests:
+            if wave.wait_s > 0:
+                time.sleep(min(wave.wait_s, 0.005))  # coalescing window: yield instead of spinning
+            return []
+        start = time.perf_counter()
+        for req in wave.requests:
+            req.started_at = time.monotonic()
+        try:
+            results = self.runner.run_wave(wave.requests)
+        except Exception as exc:
+            logger.exception("pipeline call failed for %d request(s)", len(wave.requests))
+            return [self._fail(req, exc) for req in wave.requests]
+        elapsed = time.perf_counter() - start
+        outputs = []
+        for req, result in zip(wave.requests, results, strict=True):
+            req.timings["generate_s"] = elapsed
+            outputs.append(self._final(req, result))
+        return outputs
+
+    # ---- step mode
+    def _step_mode(self) -> list[StageOutput]:
+        outputs = []
+        for req in self.scheduler.admit():
+            try:
+                start = time.perf_counter()
+                req.started_at = time.monotonic()
+                self.runner.prepare(req)
+                req.timings["encode_s"] = time.perf_counter() - start
+            except Exception as exc:
+                logger.exception("preparing %s failed", req.request_id)
+                outputs.append(self._fail(req, exc))
+        group = self.scheduler.next_group()
+        if not group:
+            return outputs
+        start = time.perf_counter()
+        try:
+            self.runner.denoise(group)
+        except Exception as exc:
+            logger.exception("denoise step failed for %d request(s)", len(group))
+            return outputs + [self._fail(req, exc) for req in group]
+        elapsed = time.perf_counter() - start
+        for req in group:
+            req.timings["denoise_s"] = req.timings.get("denoise_s", 0.0) + elapsed
+            if req.state.done:
+                outputs.append(self._decode(req))
+            else:
+                progress = {"step": req.state.step_index, "total": req.state.total_steps}
+                outputs.append(StageOutput(req.request_id, data={"progress": progress}))
+        return outputs
+
+    def _decode(self, req: DiffusionRequest) -> StageOutput:
+        start = time.perf_counter()
+        try:
+            result = self.runner.decode(req)
+        except Exception as exc:
+            logger.exception("decoding %s failed", req.request_id)
+            return self._fail(req, exc)
+        req.timings["decode_s"] = time.perf_counter() - start
+        return self._final(req, result)
+
+    # ---- output
+    def _forget(self, req: DiffusionRequest) -> None:
+        self.scheduler.remove(req.request_id)
+        self.requests.pop(req.request_id, None)
+        self._finished += 1
+
+    def _fail(self, req: DiffusionRequest, exc: Exception) -> StageOutput:
+        self._forget(req)
+        return _error_output(req.request_id, exc)
+
+    def _final(self, req: DiffusionRequest, result: torch.Tensor) -> StageOutput:
+        """The request's one terminal output: media tensors per the output conventions, plus metrics."""
+        self._forget(req)
+        p = req.params
+        as_float = p.output_format == "tensor"
+        convert = (lambda x: x.float().contiguous()) if as_float else media.to_uint8
+        data: dict[str, Any] = {
+            "seed": p.seed,
+            "output_format": p.output_format,
+            "metrics": self._metrics(req),
+        }
+        tensors: dict[str, Any] = {}
+        if self.adapter.modality == "audio":
+            audio = result.float()
+            tensors["audio"] = (audio[0].mean(0) if audio.dim() == 3 else audio[0]).contiguous()
+            if audio.shape[0] > 1 or audio.dim() == 3:
+                tensors["audios"] = audio.contiguous()
+            data["sample_rate"] = self.adapter.sample_rate()
+        elif result.dim() == 5 and (p.num_frames != 1 or p.output_format == "mp4"):
+            tensors["video"] = convert(result)
+            data["fps"] = p.fps
+        else:
+            tensors["images"] = convert(result[:, 0] if result.dim() == 5 else result)
+        data["modality"] = next(iter(tensors)) if "audio" not in tensors else "audio"
+        return StageOutput(req.request_id, tensors=tensors, data=data, finished=True, finish_reason="stop")
+
+    def _metrics(self, req: DiffusionRequest) -> dict[str, Any]:
+        n = req.num_steps
+        metrics: dict[str, Any] = {"num_steps": n, "computed_steps": n, "cached_steps": 0}
+        cache = req.state.cache.metrics() if req.state is not None and req.state.cache is not None else None
+        metrics.update(cache or req.timings.get("cache") or {})
+        now = time.monotonic()
+        if req.started_at is not None:
+            metrics["queue_s"] = round(req.started_at - req.arrival_time, 6)
+        metrics["e2e_s"] = round(now - req.arrival_time, 6)
+        for key in ("encode_s", "denoise_s", "decode_s", "generate_s"):
+            if key in req.timings:
+                metrics[key] = round(req.timings[key], 6)
+        return metrics
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, list | tuple) else [value]
+
+
+def _error_output(request_id: str, exc: Exception) -> StageOutput:
+    data = {"param": exc.param} if isinstance(exc, InvalidRequestError) else {}
+    error_type = "InvalidRequestError" if isinstance(exc, InvalidRequestError) else type(exc).__name__
+    return StageOutput(
+        request_id, data=data, finished=True, finish_reason="error", error=str(exc), error_type=error_type
+    )
+
+
+def create_engine(ctx: EngineContext) -> DiffusionEngine:
+    """Factory named by `DEFAULT_ENGINES[StageKind.DIFFUSION]`."""
+    if not ctx.model_dir:
+        raise ConfigError(
+            f"stage {ctx.stage.stage_id} ({ctx.stage.name}): a diffusion stage needs a model directory"
+        )
+    model_dir = Path(ctx.model_dir)
+    if ctx.stage.model_subfolder:
+        model_dir = model_dir / ctx.stage.model_subfolder
+    if not (model_dir / "model_index.json").exists():
+        raise ConfigError(f"{model_dir} has no model_index.json: not a diffusers pipeline directory")
+    args = {**ctx.stage.engine_args, **ctx.engine_args}
+    return DiffusionEngine(str(model_dir), ctx.deploy, ctx.device, args)

@@ -1,0 +1,215 @@
+"""Generation engine: batches single-pass generators (vocoders, codec decoders).
+
+A request's input (codes) may arrive whole (full handoff: one pass at the end) or in chunks (async chunk:
+a pass per `chunk_size` new frames). A chunk is decoded with `left_context` earlier frames and
+`right_context` later ones as context, and only its own span of the output is emitted, so the joined
+output stays close to a one-pass decode while audio starts long before the input is complete.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Protocol
+
+import torch
+
+from omnistage.config.pipeline import load_ref
+from omnistage.outputs import StageOutput
+from omnistage.stages.base import EngineContext, StageInputContext, StageRequest
+
+logger = logging.getLogger(__name__)
+
+
+class Generator(Protocol):
+    """A single-pass model. `outputs_per_frame` output rows correspond to one input frame.
+
+    A generator whose output depends on where a window sits in the whole input (absolute positions,
+    per-frame noise) sets `positional = True` and is called as `generate(windows, params, starts)`, with
+    each window's first frame index in its request's input.
+    """
+
+    outputs_per_frame: int
+    sample_rate: int | None
+
+    def generate(self, windows: list[torch.Tensor], params: list[Any]) -> list[torch.Tensor]:
+        """One output per input window; output length = window length × outputs_per_frame."""
+        ...
+
+
+@dataclasses.dataclass
+class _Request:
+    request: StageRequest
+    frames: list[torch.Tensor]
+    available: int
+    emitted: int = 0  # frames whose output has been sent
+    complete: bool = False
+
+    def inputs(self) -> torch.Tensor:
+        if len(self.frames) > 1:
+            self.frames = [torch.cat(self.frames, dim=0)]
+        return self.frames[0]
+
+
+class GenerationEngine:
+    def __init__(
+        self,
+        generator: Generator,
+        max_num_seqs: int = 16,
+        chunk_size: int | None = None,
+        left_context: int = 0,
+        right_context: int = 0,
+        input_key: str = "codes",
+        output_key: str = "audio",
+        max_chunk_size: int | None = None,
+    ):
+        if chunk_size is not None and chunk_size < 1:
+            raise ValueError("chunk_size must be >= 1")
+        self.generator = generator
+        self.max_num_seqs = max_num_seqs
+        self.chunk_size = chunk_size
+        # A request whose input got ahead of decoding catches up in one longer span (whole chunks, at most
+        # this many frames): its context is paid once instead of once per chunk.
+        self.max_chunk_size = chunk_size
+        if chunk_size and max_chunk_size:
+            self.max_chunk_size = max(chunk_size, max_chunk_size // chunk_size * chunk_size)
+        self.left_context = left_context
+        self.right_context = right_context
+        self.input_key = input_key
+        self.output_key = output_key
+        self.requests: dict[str, _Request] = {}
+        self.paused = False
+        self.passes = 0
+
+    # ---- StageEngine ---------------------------------------------------------------------------------
+    def add_request(self, request: StageRequest) -> None:
+        frames = self._frames(request.inputs.get(self.input_key, request.prompt))
+        self.requests[request.request_id] = _Request(
+            request, [frames], len(frames), complete=not request.streaming_input
+        )
+
+    def add_chunk(self, request_id: str, inputs: dict[str, Any], last: bool) -> None:
+        state = self.requests.get(request_id)
+        if state is None:
+            return
+        if self.input_key in inputs:
+            frames = self._frames(inputs[self.input_key])
+            state.frames.append(frames)
+            state.available += len(frames)
+        state.complete = state.complete or last
+
+    def abort(self, request_id: str) -> None:
+        self.requests.pop(request_id, None)
+
+    def has_work(self) -> bool:
+        return not self.paused and any(self._ready_span(s) is not None for s in self.requests.values())
+
+    def step(self) -> list[StageOutput]:
+        ready, outputs = [], []
+        for rid, state in list(self.requests.items()):
+            span = self._ready_span(state)
+            if span is None:
+                continue
+            if span[0] == span[1]:  # input ended with nothing left to decode
+                outputs.append(self._output(rid, state, span[1], torch.empty(0)))
+            else:
+                ready.append((rid, state, *span))
+        # Requests that have output nothing yet go first, and alone: their first chunk (time to first audio)
+        # waits neither behind nor inside the longer catch-up windows of requests already playing.
+        fresh = [item for item in ready if item[1].emitted == 0]
+        batch = (fresh or ready)[: self.max_num_seqs]
+        if batch:
+            outputs.extend(self._run(batch))
+        return outputs
+
+    def _run(self, batch: list[tuple[str, _Request, int, int]]) -> list[StageOutput]:
+        windows, params, starts = [], [], []
+        for _, state, start, end in batch:
+            lo = max(0, start - self.left_context)
+            hi = min(state.available, end + self.right_context)
+            windows.append(state.inputs()[lo:hi])
+            params.append(state.request.params)
+            starts.append(lo)
+        with torch.inference_mode():
+            if getattr(self.generator, "positional", False):
+                results = self.generator.generate(windows, params, starts)
+            else:
+                results = self.generator.generate(windows, params)
+        self.passes += 1
+        per = self.generator.outputs_per_frame
+        outputs = []
+        for (rid, state, start, end), result in zip(batch, results, strict=True):
+            skip = (start - max(0, start - self.left_context)) * per
+            outputs.append(self._output(rid, state, end, result[skip : skip + (end - start) * per]))
+        return outputs
+
+    def _output(self, rid: str, state: _Request, end: int, piece: torch.Tensor) -> StageOutput:
+        state.emitted = end
+        done = state.complete and state.emitted >= state.available
+        if done:
+            del self.requests[rid]
+        data = {"sample_rate": self.generator.sample_rate} if self.generator.sample_rate else {}
+        return StageOutput(
+            rid,
+            tensors={self.output_key: piece},
+            data=data,
+            finished=done,
+            finish_reason="stop" if done else None,
+        )
+
+    def _ready_span(self, state: _Request) -> tuple[int, int] | None:
+        """The frames [start, end) this request can decode now (empty: finish it), or None."""
+        start, pending = state.emitted, state.available - state.emitted
+        if state.complete:
+            if pending <= 0:
+                return start, start
+            return start, start + (pending if self.chunk_size is None else min(pending, self.max_chunk_size))
+        if self.chunk_size is None:
+            return None
+        ready = (pending - self.right_context) // self.chunk_size * self.chunk_size
+        if ready < self.chunk_size:
+            return None
+        return start, start + min(ready, self.max_chunk_size)
+
+    def _frames(self, value: Any) -> torch.Tensor:
+        if value is None:
+            return torch.empty(0, dtype=torch.long)
+        return value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+
+    def sleep(self, level: int = 1) -> None:
+        self.paused = True
+
+    def wake_up(self) -> None:
+        self.paused = False
+
+    def stats(self) -> dict[str, Any]:
+        return {"num_requests": len(self.requests), "passes": self.passes}
+
+
+def create_engine(ctx: EngineContext) -> GenerationEngine:
+    """`engine_args`: `generator` ("module:function" called with the context, returning a Generator),
+    and optionally `chunk_size`, `max_chunk_size`, `left_context`, `right_context`, `input_key`,
+    `output_key`."""
+    args = dict(ctx.engine_args)
+    factory = load_ref(args.pop("generator", None))
+    if factory is None:
+        raise ValueError(f"stage {ctx.stage.name}: generation stages need engine_args.generator")
+    known = {"chunk_size", "max_chunk_size", "left_context", "right_context", "input_key", "output_key"}
+    options = {k: v for k, v in args.items() if k in known}
+    return GenerationEngine(factory(ctx), max_num_seqs=ctx.deploy.max_num_seqs, **options)
+
+
+# ---- processors for the common case: upstream token ids are the codes ----------------------------------
+def tokens_input_processor(ctx: StageInputContext) -> StageRequest:
+    """Full handoff: every upstream token becomes one input frame."""
+    codes = [t for sid in ctx.stage.inputs for t in ctx.upstream[sid].token_ids]
+    return StageRequest(ctx.request_id, params=ctx.params, inputs={"codes": torch.tensor(codes)})
+
+
+def tokens_chunk_processor(ctx: StageInputContext, chunk: StageOutput, last: bool) -> StageRequest | dict:
+    """Async chunk: the upstream's new tokens are the new frames."""
+    codes = torch.tensor(chunk.token_ids, dtype=torch.long)
+    if not ctx.state.get("started"):
+        ctx.state["started"] = True
+        return StageRequest(ctx.request_id, params=ctx.params, inputs={"codes": codes}, streaming_input=True)
+    return {"codes": codes}

@@ -1,0 +1,292 @@
+"""The stage worker: one engine, driven by control messages.
+
+`StageWorker` holds the logic (input processors, chunk handoff, output shaping, fault isolation) and is
+shared by both placements: `inline` runs it on a thread of the orchestrator's process, `process` runs it
+in `main()` here, a subprocess speaking ZMQ + msgspec to the orchestrator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from omnistage.config.deploy import StageDeploy
+from omnistage.config.pipeline import StageSpec, load_ref
+from omnistage.outputs import StageOutput, StageResult
+from omnistage.runtime.messages import Abort, Call, ChunkInput, Shutdown, StartRequest
+from omnistage.stages.base import EngineContext, StageInputContext, StageRequest
+
+logger = logging.getLogger(__name__)
+
+
+def default_input_processor(ctx: StageInputContext) -> StageRequest:
+    """Entry stages get the user's prompt; others get their upstream stages' tokens and tensors."""
+    if not ctx.upstream:
+        return StageRequest(ctx.request_id, prompt=ctx.prompt, params=ctx.params)
+    token_ids: list[int] = []
+    inputs: dict[str, Any] = {}
+    for sid in ctx.stage.inputs:
+        result = ctx.upstream[sid]
+        token_ids.extend(result.token_ids)
+        inputs.update({key: result.tensor(key) for key in result.chunks})
+    return StageRequest(ctx.request_id, prompt=token_ids, params=ctx.params, inputs=inputs)
+
+
+def create_engine(stage: StageSpec, deploy: StageDeploy, model_dir: str | None, device: str) -> Any:
+    factory = load_ref(stage.engine_ref)
+    return factory(EngineContext(stage=stage, deploy=deploy, model_dir=model_dir, device=device))
+
+
+class StageWorker:
+    """Turns control messages into engine calls and engine outputs into deltas for the orchestrator.
+
+    `stream_tensors=False` (a stage whose tensors only feed full-handoff stages) keeps tensor deltas here
+    and sends them once, joined, with the request's final output: one transfer instead of one per step.
+    """
+
+    def __init__(
+        self,
+        stage: StageSpec,
+        engine: Any,
+        emit: Callable[[list[StageOutput]], None],
+        stream_tensors: bool = True,
+    ):
+        self.stage = stage
+        self.engine = engine
+        self.emit = emit
+        self.stream_tensors = stream_tensors
+        self.input_processor = load_ref(stage.input_processor) or default_input_processor
+        self.chunk_processor = load_ref(stage.chunk_processor)
+        self.active: set[str] = set()
+        self.chunk_contexts: dict[str, StageInputContext] = {}
+        self.held: dict[str, StageResult] = {}
+        self.requests_started = 0
+        self.stopped = False
+
+    # ---- control -------------------------------------------------------------------------------------
+    def handle(self, msg: Any) -> Any:
+        if isinstance(msg, StartRequest):
+            self._guard(msg.request_id, self._start, msg)
+        elif isinstance(msg, ChunkInput):
+            self._guard(msg.request_id, self._chunk, msg)
+        elif isinstance(msg, Abort):
+            for rid in msg.request_ids:
+                self._forget(rid)
+                with contextlib.suppress(Exception):
+                    self.engine.abort(rid)
+        elif isinstance(msg, Call):
+            return self.call(msg.method, msg.args)
+        elif isinstance(msg, Shutdown):
+            self.stopped = True
+        return None
+
+    def call(self, method: str, args: list[Any]) -> Any:
+        if method == "stats":
+            stats = dict(self.engine.stats())
+            stats["worker_requests"] = len(self.active)
+            stats["requests_started"] = self.requests_started
+            stats["pid"] = os.getpid()
+            return stats
+        if method in ("sleep", "wake_up"):
+            return getattr(self.engine, method)(*args)
+        if method == "ping":
+            return "pong"
+        raise ValueError(f"unknown stage call {method!r}")
+
+    def _start(self, msg: StartRequest) -> None:
+        ctx = StageInputContext(
+            msg.request_id, msg.prompt, msg.params, dict(msg.upstream), self.stage, self.engine
+        )
+        self._add(self.input_processor(ctx))
+
+    def _chunk(self, msg: ChunkInput) -> None:
+        rid = msg.request_id
+        source = self.stage.inputs[0]
+        if msg.first:
+            upstream = {source: StageResult(stage_id=source)}
+            self.chunk_contexts[rid] = StageInputContext(
+                rid, msg.prompt, msg.params, upstream, self.stage, self.engine
+            )
+        ctx = self.chunk_contexts.get(rid)
+        if ctx is None:  # aborted meanwhile
+            return
+        ctx.upstream[source].add(msg.chunk)
+        made = self.chunk_processor(ctx, msg.chunk, msg.last)
+        if isinstance(made, StageRequest):
+            made.streaming_input = not msg.last
+            self._add(made)
+        elif rid in self.active and (made is not None or msg.last):
+            self.engine.add_chunk(rid, made or {}, msg.last)
+        if msg.last:
+            self.chunk_contexts.pop(rid, None)
+            if rid not in self.active:
+                raise ValueError("the chunk processor built no request from the whole upstream stream")
+
+    def _add(self, request: StageRequest) -> None:
+        self.engine.add_request(request)
+        self.active.add(request.request_id)
+        self.requests_started += 1
+
+    # ---- stepping ------------------------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return self.engine.has_work()
+
+    def step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:  # the engine is in an unknown state for everything it held
+            logger.exception("stage %s engine step failed", self.stage.name)
+            self._fail(list(self.active), exc)
+            return
+        ready = [out for out in outputs if out.request_id in self.active]
+        for out in ready:
+            if not self.stream_tensors:
+                self._hold_tensors(out)
+            if out.finished:
+                self._forget(out.request_id)
+        if ready:
+            try:
+                self.emit(ready)
+            except Exception as exc:  # e.g. an output that cannot be sent: fail those requests, not the stage
+                logger.exception("stage %s could not send outputs", self.stage.name)
+                self._fail([out.request_id for out in ready], exc)
+
+    def _hold_tensors(self, out: StageOutput) -> None:
+        if out.tensors:
+            held = self.held.setdefault(out.request_id, StageResult(stage_id=self.stage.stage_id))
+            held.add(StageOutput(out.request_id, tensors=out.tensors))
+            out.tensors = {}
+        if out.finished and out.request_id in self.held:
+            held = self.held.pop(out.request_id)
+            out.tensors = {key: held.tensor(key) for key in held.chunks}
+
+    def _forget(self, rid: str) -> None:
+        self.active.discard(rid)
+        self.chunk_contexts.pop(rid, None)
+        self.held.pop(rid, None)
+
+    def _guard(self, rid: str, fn: Callable[[Any], None], msg: Any) -> None:
+        try:
+            fn(msg)
+        except Exception as exc:
+            logger.info("stage %s rejected %s: %s", self.stage.name, rid, exc)
+            self._fail([rid], exc)
+
+    def _fail(self, rids: list[str], exc: BaseException) -> None:
+        outs = []
+        for rid in rids:
+            self._forget(rid)
+            with contextlib.suppress(Exception):
+                self.engine.abort(rid)
+            outs.append(
+                StageOutput(
+                    rid,
+                    finished=True,
+                    finish_reason="error",
+                    error=str(exc) or repr(exc),
+                    error_type=type(exc).__name__,
+                )
+            )
+        if outs:
+            self.emit(outs)
+
+
+def apply_devices(deploy: StageDeploy) -> str:
+    """Pin the stage to its devices: CUDA devices where there are GPUs, CPU cores and threads otherwise."""
+    if deploy.devices and torch.cuda.is_available():
+        return "cuda:0"  # CUDA_VISIBLE_DEVICES was set by the parent for this process
+    if deploy.devices and hasattr(os, "sched_setaffinity"):
+        cores = [d for d in deploy.devices if d < (os.cpu_count() or 1)]
+        if cores:
+            os.sched_setaffinity(0, cores)
+    threads = deploy.num_threads or (len(deploy.devices) if deploy.devices else None)
+    if threads:
+        torch.set_num_threads(threads)
+    return "cpu"
+
+
+# ---- subprocess entry point --------------------------------------------------------------------------
+def _watch_parent() -> None:
+    """The parent holds our stdin pipe open; EOF means it is gone (even after SIGKILL): leave at once."""
+
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            while os.read(0, 1):
+                pass
+        os._exit(0)
+
+    threading.Thread(target=run, name="parent-watch", daemon=True).start()
+
+
+def main(config_path: str) -> None:
+    import msgspec
+    import zmq
+
+    from omnistage.connectors.shm import ShmConnector
+    from omnistage.runtime.launch import WorkerConfig
+    from omnistage.runtime.messages import CallResult, Codec, FromWorker, Outputs, Ready, StartupFailed
+    from omnistage.runtime.messages import ToWorker as ToWorkerType
+
+    _watch_parent()
+    with open(config_path, "rb") as f:
+        cfg = msgspec.json.decode(f.read(), type=WorkerConfig)
+    stage = cfg.stage_spec()
+    logging.basicConfig(
+        level=os.environ.get("OMNISTAGE_LOG_LEVEL", "WARNING"),
+        format=f"%(asctime)s [stage {stage.stage_id}.{cfg.replica}] %(levelname)s %(message)s",
+    )
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    zctx = zmq.Context()
+    inbox = zctx.socket(zmq.PULL)
+    inbox.connect(cfg.inbox)
+    outbox = zctx.socket(zmq.PUSH)
+    outbox.setsockopt(zmq.LINGER, 2000)
+    outbox.connect(cfg.outbox)
+    decoder = Codec(ToWorkerType)
+    connector = ShmConnector(owner_pid=cfg.owner_pid) if cfg.output_connector == "shm" else None
+    encoder = Codec(FromWorker, connector=connector)
+    sid, rep = stage.stage_id, cfg.replica
+
+    def send(msg: Any) -> None:
+        outbox.send(encoder.encode(msg), copy=False)
+
+    try:
+        device = apply_devices(cfg.deploy)
+        engine = create_engine(stage, cfg.deploy, cfg.model_dir, device)
+    except BaseException as exc:
+        send(StartupFailed(sid, rep, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"))
+        time.sleep(0.2)
+        raise SystemExit(1) from exc
+    worker = StageWorker(stage, engine, lambda items: send(Outputs(sid, rep, items)), cfg.stream_tensors)
+    send(Ready(sid, rep, os.getpid(), {"device": device}))
+
+    while not worker.stopped:
+        timeout = 0 if worker.has_work() else 1000
+        if inbox.poll(timeout):
+            while True:
+                try:
+                    raw = inbox.recv(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                msg = decoder.decode(raw.buffer)
+                if isinstance(msg, Call):
+                    try:
+                        send(CallResult(sid, rep, msg.call_id, result=worker.handle(msg)))
+                    except Exception as exc:
+                        send(CallResult(sid, rep, msg.call_id, error=f"{type(exc).__name__}: {exc}"))
+                else:
+                    worker.handle(msg)
+        if worker.has_work() and not worker.stopped:
+            worker.step()
+    outbox.close()
+    inbox.close(linger=0)
+    zctx.term()

@@ -1,0 +1,111 @@
+"""code2wav: whole decodes equal the reference; windowed (async-chunk) decodes stay within the tolerance the
+three facts in token2wav.py give, and only thanks to the context."""
+
+import pytest
+import torch
+
+from omnistage.config.deploy import StageDeploy
+from omnistage.models.qwen2_5_omni.loaders import load_token2wav
+from omnistage.models.qwen2_5_omni.token2wav import Token2WavGenerator, create_engine
+from omnistage.params import GenerationParams
+from omnistage.pipelines.qwen2_5_omni import QWEN2_5_OMNI
+from omnistage.stages.base import EngineContext, StageRequest
+from tests.omni.conftest import ASYNC_TOLERANCE
+
+pytestmark = pytest.mark.engine
+CODE2WAV = QWEN2_5_OMNI.stage(2)
+
+
+@pytest.fixture(scope="module")
+def generator(omni_dir):
+    model, speakers = load_token2wav(omni_dir)
+    return Token2WavGenerator(model, speakers)
+
+
+@pytest.fixture(scope="module")
+def codes():
+    return torch.randint(0, 8192, (72,), generator=torch.Generator().manual_seed(3)).tolist()
+
+
+def engine(omni_dir, async_chunk: bool, **engine_args):
+    deploy = StageDeploy(stage_id=2, async_chunk=async_chunk, engine_args=engine_args)
+    return create_engine(EngineContext(CODE2WAV, deploy, str(omni_dir)))
+
+
+def stream(eng, codes, step: int, seed: int = 0) -> tuple[torch.Tensor, int]:
+    """Feed `codes` `step` at a time as a talker would; return the joined audio and how many pieces came."""
+    params = GenerationParams(seed=seed, extra={"speaker": "Chelsie"})
+    first = {"codes": torch.tensor(codes[:step])}
+    eng.add_request(StageRequest("r", params=params, inputs=first, streaming_input=True))
+    pieces = drain(eng)
+    for start in range(step, len(codes), step):
+        eng.add_chunk(
+            "r", {"codes": torch.tensor(codes[start : start + step])}, last=start + step >= len(codes)
+        )
+        pieces += drain(eng)
+    audio = [o.tensors["audio"] for o in pieces if o.tensors["audio"].numel()]
+    assert pieces[-1].finished
+    return torch.cat(audio), len(audio)
+
+
+def drain(eng) -> list:
+    outs = []
+    while eng.has_work():
+        outs += eng.step()
+    return outs
+
+
+def test_randn_prefix_property():
+    """Drawing the noise frame by frame gives the one-shot draw's prefix (80 values per mel frame)."""
+    whole = torch.randn(1, 100, 80, generator=torch.Generator().manual_seed(5))
+    gen = torch.Generator().manual_seed(5)
+    parts = torch.cat([torch.randn(1, n, 80, generator=gen) for n in (1, 7, 24, 68)], dim=1)
+    assert torch.equal(whole, parts)
+
+
+def test_whole_decode_equals_reference_token2wav(generator, reference_model, codes):
+    spk = reference_model.speaker_map["Ethan"]
+    torch.manual_seed(11)
+    with torch.no_grad():
+        expected = reference_model.token2wav(
+            torch.tensor([codes]), conditioning=spk["cond"].float(), reference_mel=spk["ref_mel"].float()
+        ).reshape(-1)
+    got = generator.decode(codes, "Ethan", seed=11)
+    assert got.shape == expected.shape == (len(codes) * 480,)
+    assert float(expected.std()) > 0.05  # an audible signal, not a near-zero one
+    assert float((got - expected).abs().max()) <= 1e-5
+
+
+def test_vocoder_windows_with_radius_context_are_exact(generator):
+    mel = torch.randn(1, 80, 120, generator=torch.Generator().manual_seed(2)) - 3.0
+    with torch.no_grad():
+        whole = generator._vocode(mel)[0]
+    r, hop = generator.vocoder_radius, generator.hop
+    assert 1 < r < 60
+    pieces = []
+    for start in range(0, 120, 30):
+        lo, hi = max(0, start - r), min(120, start + 30 + r)
+        with torch.no_grad():
+            out = generator._vocode(mel[..., lo:hi])[0]
+        pieces.append(out[(start - lo) * hop : (start - lo + 30) * hop])
+    assert float((torch.cat(pieces) - whole).abs().max()) < 1e-5
+
+
+def test_full_handoff_engine_decodes_once_and_exactly(omni_dir, generator, codes):
+    eng = engine(omni_dir, async_chunk=False)
+    params = GenerationParams(seed=4, extra={"speaker": "Chelsie"})
+    eng.add_request(StageRequest("r", params=params, inputs={"codes": torch.tensor(codes)}))
+    outs = drain(eng)
+    assert len(outs) == 1 and outs[0].finished and eng.passes == 1
+    assert outs[0].data["sample_rate"] == 24000
+    assert float((outs[0].tensors["audio"] - generator.decode(codes, "Chelsie", 4)).abs().max()) <= 1e-6
+
+
+def test_async_chunks_match_whole_decode_within_tolerance(omni_dir, generator, codes):
+    whole = generator.decode(codes, "Chelsie", seed=0)
+    audio, pieces = stream(engine(omni_dir, async_chunk=True), codes, step=5)
+    assert pieces >= 2 and audio.shape == whole.shape
+    assert float((audio - whole).abs().max()) <= ASYNC_TOLERANCE
+    # Without context the chunk edges are audibly wrong: the tolerance above is earned by the context.
+    blind, _ = stream(engine(omni_dir, async_chunk=True, left_blocks=0, right_blocks=0), codes, step=5)
+    assert float((blind - whole).abs().max()) > 1e-3

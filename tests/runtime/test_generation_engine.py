@@ -1,0 +1,116 @@
+"""Generation engine: batching, full handoff in one pass, chunked decoding with context."""
+
+import pytest
+import torch
+
+from omnistage.config.deploy import StageDeploy
+from omnistage.config.pipeline import StageKind, StageSpec
+from omnistage.stages.base import EngineContext, StageRequest
+from omnistage.stages.generation.engine import GenerationEngine, create_engine
+from tests.runtime.toy_stages import ToyVocoder
+
+pytestmark = pytest.mark.engine
+
+
+def drain(engine):
+    outs = []
+    while engine.has_work():
+        outs.extend(engine.step())
+    return outs
+
+
+def joined(outs, rid):
+    return torch.cat([o.tensors["audio"] for o in outs if o.request_id == rid])
+
+
+def test_full_handoff_is_one_pass_per_batch():
+    vocoder = ToyVocoder(outputs_per_frame=10)
+    engine = GenerationEngine(vocoder, max_num_seqs=4)
+    codes = {f"r{i}": torch.randint(0, 64, (5 + i,)) for i in range(3)}
+    for rid, c in codes.items():
+        engine.add_request(StageRequest(rid, inputs={"codes": c}))
+    outs = drain(engine)
+    assert engine.passes == 1 and all(o.finished for o in outs)
+    for rid, c in codes.items():
+        assert torch.equal(joined(outs, rid), vocoder.generate([c], [None])[0])
+    assert engine.stats()["num_requests"] == 0
+
+
+def test_chunked_decoding_with_context_equals_one_pass():
+    vocoder = ToyVocoder(outputs_per_frame=10)
+    codes = torch.randint(0, 64, (11,))
+    reference = vocoder.generate([codes], [None])[0]
+    engine = GenerationEngine(vocoder, chunk_size=3, left_context=1, right_context=1)
+    engine.add_request(StageRequest("r", inputs={"codes": codes[:2]}, streaming_input=True))
+    assert not engine.has_work()  # 2 frames < chunk + lookahead: wait for more input
+    outs = []
+    for start in range(2, 11, 2):
+        engine.add_chunk("r", {"codes": codes[start : start + 2]}, last=start + 2 >= 11)
+        outs.extend(drain(engine))
+    assert outs[-1].finished and sum(o.finished for o in outs) == 1
+    assert len(outs) > 2  # audio came out in pieces, before the input was complete
+    assert torch.allclose(joined(outs, "r"), reference, atol=1e-6)
+
+
+def test_without_context_chunk_edges_differ():
+    vocoder = ToyVocoder(outputs_per_frame=10)
+    codes = torch.randint(0, 64, (9,))
+    engine = GenerationEngine(vocoder, chunk_size=3)
+    engine.add_request(StageRequest("r", inputs={"codes": codes}, streaming_input=False))
+    assert not torch.allclose(joined(drain(engine), "r"), vocoder.generate([codes], [None])[0])
+
+
+def test_abort_and_empty_final_chunk():
+    engine = GenerationEngine(ToyVocoder(outputs_per_frame=4), chunk_size=2)
+    engine.add_request(StageRequest("a", inputs={"codes": torch.tensor([1, 2, 3])}, streaming_input=True))
+    engine.add_request(StageRequest("b", inputs={"codes": torch.tensor([1, 2])}, streaming_input=True))
+    engine.abort("a")
+    outs = drain(engine)
+    assert [o.request_id for o in outs] == ["b"] and not outs[0].finished
+    engine.add_chunk("b", {}, last=True)  # input ends with nothing new: the request still ends
+    outs = drain(engine)
+    assert outs[-1].finished and outs[-1].tensors["audio"].numel() == 0
+    assert engine.stats()["num_requests"] == 0
+
+
+def test_factory_reads_engine_args():
+    stage = StageSpec(0, "voc", StageKind.GENERATION, final_output=True, output_modality="audio")
+    deploy = StageDeploy(
+        stage_id=0,
+        max_num_seqs=3,
+        engine_args={
+            "generator": "tests.runtime.toy_stages:make_vocoder",
+            "chunk_size": 4,
+            "left_context": 2,
+        },
+    )
+    engine = create_engine(EngineContext(stage, deploy, None))
+    assert (engine.max_num_seqs, engine.chunk_size, engine.left_context) == (3, 4, 2)
+    with pytest.raises(ValueError, match="engine_args.generator"):
+        create_engine(EngineContext(stage, StageDeploy(stage_id=0), None))
+
+
+def test_a_request_behind_catches_up_in_longer_spans():
+    """Input that got ahead of decoding is decoded in whole-chunk spans up to max_chunk_size."""
+    vocoder = ToyVocoder(outputs_per_frame=2)
+    codes = torch.randint(0, 64, (11,))
+    engine = GenerationEngine(vocoder, chunk_size=3, max_chunk_size=7, left_context=1, right_context=1)
+    engine.add_request(StageRequest("r", inputs={"codes": codes[:10]}, streaming_input=True))
+    first = engine.step()
+    assert first[0].tensors["audio"].numel() == 6 * 2  # 9 frames ready, capped at 2 whole chunks
+    engine.add_chunk("r", {"codes": codes[10:]}, last=True)
+    outs = first + drain(engine)
+    assert outs[-1].finished
+    assert torch.allclose(joined(outs, "r"), vocoder.generate([codes], [None])[0], atol=1e-6)
+
+
+def test_first_chunks_go_first_and_alone():
+    """A request that has output nothing yet is decoded before, and without, requests already playing."""
+    engine = GenerationEngine(ToyVocoder(outputs_per_frame=2), chunk_size=2, max_chunk_size=8)
+    engine.add_request(StageRequest("old", inputs={"codes": torch.arange(2)}, streaming_input=True))
+    assert [o.request_id for o in engine.step()] == ["old"]
+    engine.add_chunk("old", {"codes": torch.arange(6)}, last=False)
+    engine.add_request(StageRequest("new", inputs={"codes": torch.arange(2)}, streaming_input=True))
+    assert [o.request_id for o in engine.step()] == ["new"]
+    outs = engine.step()  # then the one behind catches up in one longer span
+    assert [o.request_id for o in outs] == ["old"] and outs[0].tensors["audio"].numel() == 6 * 2

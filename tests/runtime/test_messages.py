@@ -1,0 +1,75 @@
+"""The wire codec: tensors, arrays and images cross as raw buffers (inline or shared memory), unpickled."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from omnistage.connectors.base import Payload
+from omnistage.connectors.shm import ShmConnector, live_segments, release
+from omnistage.outputs import StageOutput
+from omnistage.params import SamplingParams
+from omnistage.runtime.messages import Codec, FromWorker, Outputs, StartRequest, ToWorker
+
+pytestmark = pytest.mark.unit
+
+
+def roundtrip(value, connector=None):
+    sender = Codec(FromWorker, connector=connector)
+    receiver = Codec(FromWorker)
+    msg = receiver.decode(sender.encode(Outputs(0, 0, [StageOutput("r", tensors={"x": value})])))
+    return msg.items[0].tensors["x"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.float16])
+def test_tensors_roundtrip_inline(dtype):
+    value = (torch.randn(3, 5) * 10).to(dtype)
+    back = roundtrip(value)
+    assert back.dtype == dtype and torch.equal(back, value)
+    assert roundtrip(torch.empty(0, 4)).shape == (0, 4)
+
+
+def test_large_tensor_goes_through_shared_memory_and_is_released_on_read():
+    connector = ShmConnector()
+    before = set(live_segments())
+    value = torch.randn(100_000)
+    sender = Codec(FromWorker, connector=connector)
+    frame = sender.encode(Outputs(0, 0, [StageOutput("r", tensors={"x": value})]))
+    assert len(frame) < 1000  # only the header travels in the frame
+    created = set(live_segments()) - before
+    assert len(created) == 1
+    back = Codec(FromWorker).decode(frame).items[0].tensors["x"]
+    assert torch.equal(back, value)
+    assert not (set(live_segments()) - before)  # the receiver owned and released it
+
+
+def test_lazy_decode_passes_references_through():
+    connector = ShmConnector()
+    value = torch.arange(50_000, dtype=torch.float32)
+    frame = Codec(FromWorker, connector=connector).encode(
+        Outputs(0, 0, [StageOutput("r", tensors={"x": value})])
+    )
+    orchestrator = Codec(FromWorker, lazy=True)
+    handle = orchestrator.decode(frame).items[0].tensors["x"]
+    assert isinstance(handle, Payload) and not handle.ref.owned
+    forwarded = Codec(ToWorker).encode(StartRequest("r", {"h": handle}, SamplingParams()))
+    worker_view = Codec(ToWorker).decode(forwarded)
+    assert torch.equal(worker_view.prompt["h"], value)
+    assert handle.ref.key in live_segments()  # not owned by the reader: the orchestrator's ledger frees it
+    release(handle.ref.key)
+
+
+def test_arrays_images_and_params_roundtrip():
+    array = np.random.rand(4, 3).astype(np.float64)
+    assert np.array_equal(roundtrip(array), array)
+    image = Image.fromarray(np.random.randint(0, 255, (8, 6, 3), dtype=np.uint8))
+    back = roundtrip(image)
+    assert back.size == image.size and np.array_equal(np.asarray(back), np.asarray(image))
+    params = SamplingParams(temperature=0.3, stop=["x"])
+    codec = Codec(ToWorker)
+    assert codec.decode(codec.encode(StartRequest("r", "p", params))).params == params
+
+
+def test_unsupported_objects_are_refused_not_pickled():
+    with pytest.raises(TypeError, match="cannot send a object"):
+        Codec(FromWorker).encode(Outputs(0, 0, [StageOutput("r", data={"x": object()})]))

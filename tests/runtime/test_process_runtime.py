@@ -1,0 +1,227 @@
+"""The stage-graph runtime with process placement: streaming, abort, faults, fan-in, cleanup."""
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from omnistage import AsyncOmni, Omni, SamplingParams
+from omnistage.connectors.shm import live_segments
+from omnistage.errors import InvalidRequestError, OverloadedError, StageDeadError, StageError
+from omnistage.serving.app import create_app
+from tests.runtime.toy_stages import ToyVocoder, fan_in_pipeline, speech_pipeline
+
+pytestmark = pytest.mark.e2e
+
+
+async def collect(omni, prompt, params=None, **kw):
+    return [out async for out in omni.generate(prompt, params, **kw)]
+
+
+async def wait_idle(omni, timeout=5.0):
+    """Stage stats after every stage has dropped its requests (or the last stats seen)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = await omni.stats()
+        if (
+            all(
+                s["result"]["num_requests"] == 0 and s["result"]["worker_requests"] == 0
+                for s in stats["stages"]
+            )
+            or time.monotonic() > deadline
+        ):
+            return stats
+        await asyncio.sleep(0.05)
+
+
+async def test_async_chunk_streams_audio_before_stage0_finishes(speech_omni):
+    outs = await collect(speech_omni, "hello", SamplingParams(max_tokens=12))
+    final = outs[-1]
+    assert final.finished and final.error is None and sum(o.finished for o in outs) == 1
+    audio_updates = [o for o in outs if o.delta_audio is not None]
+    assert len(audio_updates) >= 3  # streamed in chunks
+    # ordering (not speed): the first audio chunk reached the caller before stage 0 had finished
+    assert final.metrics["first_audio_s"] < final.metrics["stage0_done_s"]
+    first_audio_index = outs.index(audio_updates[0])
+    assert any(o.delta_token_ids and o.stage_id == 0 for o in outs[first_audio_index:])
+    # the streamed audio is the vocoder's output for the talker's codes, and big chunks went through shm
+    assert len(final.token_ids) == 12 and final.audio.shape == (12 * 12000,)
+    assert torch.equal(final.audio, torch.cat([o.delta_audio for o in audio_updates]))
+    stats = await speech_omni.stats()
+    assert stats["payloads"]["received"] >= len(audio_updates)
+    edge = stats["edges"]["0->1"]  # the thinker's hidden rows ride along with each chunk
+    assert edge["transfers"] >= 12 and edge["bytes"] >= 12 * 16 * 4
+    assert not live_segments(os.getpid())
+
+
+async def test_text_only_request_never_enters_speech_stages(speech_omni):
+    before = {s["stage_id"]: s["result"]["requests_started"] for s in (await speech_omni.stats())["stages"]}
+    outs = await collect(speech_omni, "hi", SamplingParams(max_tokens=3), modalities=["text"])
+    assert outs[-1].finished and len(outs[-1].token_ids) == 3 and outs[-1].audio is None
+    after = {s["stage_id"]: s["result"]["requests_started"] for s in (await speech_omni.stats())["stages"]}
+    assert after[0] == before[0] + 1 and after[1] == before[1] and after[2] == before[2]
+
+
+async def test_abort_mid_flight_leaves_nothing_behind(speech_omni):
+    gen = speech_omni.generate("abort me", SamplingParams(max_tokens=200), request_id="to-abort")
+    async for out in gen:
+        if out.delta_audio is not None:
+            break
+    await speech_omni.abort("to-abort")
+    rest = [out async for out in gen]
+    assert len(rest) >= 1 and rest[-1].finished and rest[-1].finish_reason == "abort"
+    assert sum(o.finished for o in rest) == 1
+    stats = await wait_idle(speech_omni)
+    for stage in stats["stages"]:
+        assert stage["result"]["num_requests"] == 0 and stage["result"]["worker_requests"] == 0
+    assert stats["requests"]["tracked"] == 0
+    assert not live_segments(os.getpid())
+
+
+async def test_stage_exception_fails_only_its_request(speech_omni):
+    good = asyncio.ensure_future(collect(speech_omni, "fine", SamplingParams(max_tokens=5)))
+    bad = await collect(speech_omni, "BOOM please", SamplingParams(max_tokens=5))
+    assert len(bad) == 1 and bad[0].finished and bad[0].finish_reason == "error"
+    assert isinstance(bad[0].error, StageError)
+    assert "stage 0 (thinker)" in str(bad[0].error) and "RuntimeError" in str(bad[0].error)
+    good_outs = await good
+    assert good_outs[-1].error is None and len(good_outs[-1].token_ids) == 5
+
+
+async def test_disconnecting_caller_aborts_everywhere(speech_omni):
+    async def consume_two():
+        n = 0
+        async for _ in speech_omni.generate("leave early", SamplingParams(max_tokens=300)):
+            n += 1
+            if n == 2:
+                return
+
+    await consume_two()
+    stats = await wait_idle(speech_omni)
+    assert all(s["result"]["num_requests"] == 0 for s in stats["stages"])
+    assert stats["requests"]["tracked"] == 0 and not live_segments(os.getpid())
+
+
+def test_inline_placement_matches_process_placement(speech_omni):
+    params = SamplingParams(max_tokens=6)
+    with Omni(speech_pipeline(), placement="inline") as inline:
+        inline_out = inline.generate(["same prompt", "another"], params, use_tqdm=False)
+    process_out = asyncio.run(collect(speech_omni, "same prompt", params))[-1]
+    assert inline_out[0].token_ids == process_out.token_ids
+    assert torch.equal(inline_out[0].audio, process_out.audio)
+    assert inline_out[1].request_id != inline_out[0].request_id and inline_out[1].error is None
+
+
+async def test_params_and_admission_validation(speech_omni):
+    with pytest.raises(InvalidRequestError, match="3 stages") as err:
+        await collect(speech_omni, "x", [SamplingParams()])
+    assert err.value.param == "params"
+    with pytest.raises(InvalidRequestError, match="prompt"):
+        await collect(speech_omni, None)
+    with pytest.raises(InvalidRequestError, match="modalities"):
+        await collect(speech_omni, "x", modalities=["video"])
+    limit = speech_omni.max_queued_requests
+    speech_omni.max_queued_requests = 1
+    try:
+        first = speech_omni.generate("slow", SamplingParams(max_tokens=50), request_id="only")
+        await first.__anext__()
+        with pytest.raises(OverloadedError):
+            await collect(speech_omni, "second")
+        await first.aclose()
+    finally:
+        speech_omni.max_queued_requests = limit
+
+
+async def test_fan_in_stage_runs_once_after_both_inputs():
+    async with AsyncOmni(fan_in_pipeline(), placement="process") as omni:
+        outs = await collect(omni, "join us", [SamplingParams(max_tokens=4), None, None])
+        stats = {s["stage_id"]: s["result"] for s in (await omni.stats())["stages"]}
+    final = outs[-1]
+    assert final.error is None and stats[2]["requests_started"] == 1
+    # the join saw both inputs: 4 tokens from "left" and one code per prompt byte from "right"
+    assert len(final.token_ids) == 4 + len("join us")
+
+
+async def test_killed_stage_fails_its_requests_and_health_turns_503():
+    omni = AsyncOmni(speech_pipeline(), stage_overrides={"0": {"engine_args": {"step_delay": 0.03}}})
+    try:
+        client = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=create_app({"toy": omni})), base_url="http://test"
+        )
+        assert (await client.get("/health")).status_code == 200
+        gens = [omni.generate(f"p{i}", SamplingParams(max_tokens=400)) for i in range(3)]
+        for gen in gens:
+            await gen.__anext__()
+        vocoder_pid = omni.health()["stages"][2]["replicas"][0]["pid"]
+        os.kill(vocoder_pid, signal.SIGKILL)
+
+        async def last(gen):
+            outs = [out async for out in gen]
+            return outs[-1]
+
+        finals = await asyncio.wait_for(asyncio.gather(*(last(g) for g in gens)), timeout=2.0)
+        for final in finals:
+            assert isinstance(final.error, StageDeadError) and "stage 2 (vocoder)" in str(final.error)
+        response = await client.get("/health")
+        assert response.status_code == 503
+        stages = response.json()["models"]["toy"]["stages"]
+        assert [s["alive"] for s in stages] == [True, True, False]
+        # the orchestrator keeps serving what does not need the dead stage, and refuses what does
+        text = await collect(omni, "still here", SamplingParams(max_tokens=2), modalities=["text"])
+        assert text[-1].error is None and len(text[-1].token_ids) == 2
+        speech = await collect(omni, "needs audio", SamplingParams(max_tokens=2))
+        assert isinstance(speech[-1].error, StageDeadError)
+        await client.aclose()
+    finally:
+        await omni.shutdown()
+    assert not live_segments(os.getpid())
+
+
+def test_killing_the_parent_leaves_no_stage_process(tmp_path: Path):
+    script = tmp_path / "parent.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+        from omnistage import AsyncOmni
+        from tests.runtime.toy_stages import speech_pipeline
+        omni = AsyncOmni(speech_pipeline())
+        pids = [r["pid"] for s in omni.health()["stages"] for r in s["replicas"]]
+        print(" ".join(map(str, pids)), flush=True)
+        time.sleep(600)
+    """)
+    )
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 3 and all(Path(f"/proc/{p}").exists() for p in pids)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while any(_running(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_running(p) for p in pids)
+    finally:
+        parent.kill()
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_vocoder_reference_is_deterministic():
+    a, b = ToyVocoder(10), ToyVocoder(10)
+    codes = torch.arange(6)
+    assert torch.equal(a.generate([codes], [None])[0], b.generate([codes], [None])[0])

@@ -1,0 +1,254 @@
+"""User-defined pipelines of small real torch modules for the server's end-to-end tests.
+
+They stand in for model families that have not landed yet (the runtime supports user pipelines):
+a chat+speech pipeline (the runtime's toy AR stage → code mapper → generation-engine vocoder), and toy
+diffusion-kind stages that denoise a latent with a seeded conv for `num_inference_steps` steps, report
+progress per step and decode to images or a video. Every output is computed by the modules, never fixed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
+from omnistage.outputs import StageOutput
+from omnistage.params import DiffusionParams
+from omnistage.stages.base import EngineContext, StageInputContext, StageRequest
+from tests.runtime.toy_stages import GEN, make_map, make_vocoder, tokens_chunk, tokens_to_map_request
+from tests.runtime.toy_stages import ToyAREngine as _RuntimeToyAR
+
+MAX_MODEL_LEN = 48  # like a real engine's context limit: generation stops there, whatever max_tokens says
+
+
+def flatten_prompt(prompt: Any) -> Any:
+    """A tiny chat template: the prompt dict the server builds, as text the toy LM can read."""
+    if not isinstance(prompt, dict):
+        return prompt
+    if "messages" in prompt:
+        lines = []
+        for m in prompt["messages"]:
+            content = m["content"]
+            if isinstance(content, list):
+                content = "".join(p.get("text", f"<{p['type']}>") for p in content)
+            lines.append(f"{m['role']}: {content}")
+        media = prompt.get("multi_modal_data", {})
+        lines += [f"[{kind} x{len(items)}]" for kind, items in media.items()]
+        if prompt.get("speaker"):  # the voice changes what the toy says, so tests can see it arrive
+            lines.insert(0, f"voice: {prompt['speaker']}")
+        return "\n".join(lines) + "\nassistant:"
+    return " ".join(str(prompt.get(k, "")) for k in ("speaker", "instructions", "prompt") if prompt.get(k))
+
+
+def chat_input(ctx: StageInputContext) -> StageRequest:
+    return StageRequest(ctx.request_id, prompt=flatten_prompt(ctx.prompt), params=ctx.params)
+
+
+class ToyChatEngine(_RuntimeToyAR):
+    """The runtime's toy LM with a context limit and prompt truncation, like a real engine."""
+
+    def add_request(self, request: StageRequest) -> None:
+        prompt = request.prompt
+        if isinstance(prompt, str):
+            prompt = prompt[-MAX_MODEL_LEN // 2 :]
+        super().add_request(StageRequest(request.request_id, prompt=prompt, params=request.params))
+        req = self.requests.get(request.request_id)
+        if req is not None:
+            req["left"] = max(1, min(req["left"], MAX_MODEL_LEN - len(req["prompt"])))
+
+
+def make_chat(ctx: EngineContext) -> ToyChatEngine:
+    return ToyChatEngine(ctx)
+
+
+def speech_pipeline(step_delay: float = 0.0) -> PipelineSpec:
+    return PipelineSpec(
+        name="toy-omni",
+        stages=(
+            StageSpec(
+                0,
+                "thinker",
+                StageKind.AR,
+                final_output=True,
+                output_modality="text",
+                engine=make_chat,
+                input_processor=chat_input,
+                engine_args={"step_delay": step_delay},
+            ),
+            StageSpec(
+                1,
+                "talker",
+                StageKind.AR,
+                inputs=(0,),
+                engine=make_map,
+                input_processor=tokens_to_map_request,
+                chunk_processor=tokens_chunk,
+            ),
+            StageSpec(
+                2,
+                "vocoder",
+                StageKind.GENERATION,
+                inputs=(1,),
+                final_output=True,
+                output_modality="audio",
+                input_processor=f"{GEN}:tokens_input_processor",
+                chunk_processor=f"{GEN}:tokens_chunk_processor",
+                engine_args={
+                    "generator": make_vocoder,
+                    "chunk_size": 2,
+                    "left_context": 1,
+                    "right_context": 1,
+                    "outputs_per_frame": 400,
+                },
+            ),
+        ),
+        default_modalities=("text",),
+    )
+
+
+class ToyDenoiser(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, kernel_size=3, padding=1)
+        gen = torch.Generator().manual_seed(7)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+
+
+class ToyDiffusionEngine:
+    """Step-wise denoising of seeded latents; progress every step; images or video at the end.
+    engine_args: video (bool), step_delay (s). A prompt containing FAIL fails that request only."""
+
+    def __init__(self, ctx: EngineContext):
+        self.model = ToyDenoiser().eval()
+        self.video = bool(ctx.engine_args.get("video", False))
+        self.delay = float(ctx.engine_args.get("step_delay", 0.0))
+        self.requests: dict[str, dict[str, Any]] = {}
+
+    def add_request(self, request: StageRequest) -> None:
+        p = request.params if isinstance(request.params, DiffusionParams) else DiffusionParams()
+        width, height = p.width or 32, p.height or 24
+        frames = (p.num_frames or 5) if self.video else 1
+        gen = torch.Generator().manual_seed(p.seed if p.seed is not None else 0)
+        latent = torch.randn(p.num_outputs * frames, 3, height, width, generator=gen)
+        if p.image:
+            reference = np.asarray(p.image[0].convert("RGB").resize((width, height)), dtype=np.float32)
+            latent = 0.5 * latent + torch.from_numpy(reference / 127.5 - 1.0).permute(2, 0, 1)
+        self.requests[request.request_id] = {
+            "latent": latent,
+            "step": 0,
+            "total": p.num_inference_steps or 3,
+            "outputs": p.num_outputs,
+            "fps": p.fps or 8,
+            "fail": isinstance(request.prompt, str) and "FAIL" in request.prompt,
+        }
+
+    def add_chunk(self, request_id: str, inputs: dict[str, Any], last: bool) -> None:
+        raise NotImplementedError
+
+    def abort(self, request_id: str) -> None:
+        self.requests.pop(request_id, None)
+
+    def has_work(self) -> bool:
+        return bool(self.requests)
+
+    def step(self) -> list[StageOutput]:
+        if self.delay:
+            time.sleep(self.delay)
+        outs = []
+        for rid, req in list(self.requests.items()):
+            with torch.no_grad():
+                req["latent"] = req["latent"] - 0.1 * self.model.conv(req["latent"])
+            req["step"] += 1
+            progress = {"step": req["step"], "total": req["total"]}
+            if req["fail"] and req["step"] == req["total"]:
+                outs.append(self._failure(rid))
+            elif req["step"] < req["total"]:
+                outs.append(StageOutput(rid, data={"progress": progress}))
+            else:
+                outs.append(self._decode(rid, req, progress))
+            if req["step"] >= req["total"]:
+                del self.requests[rid]
+        return outs
+
+    def _failure(self, rid: str) -> StageOutput:
+        return StageOutput(
+            rid,
+            finished=True,
+            finish_reason="error",
+            error="the prompt asked to fail",
+            error_type="ValueError",
+        )
+
+    def _decode(self, rid: str, req: dict[str, Any], progress: dict[str, int]) -> StageOutput:
+        pixels = ((torch.tanh(req["latent"]) + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8)
+        pixels = pixels.permute(0, 2, 3, 1).contiguous()  # [N*F, H, W, 3]
+        if self.video:
+            tensors = {"video": pixels.reshape(req["outputs"], -1, *pixels.shape[1:])}
+            data = {"progress": progress, "fps": req["fps"]}
+        else:
+            tensors, data = {"images": pixels}, {"progress": progress}
+        return StageOutput(rid, tensors=tensors, data=data, finished=True, finish_reason="stop")
+
+    def sleep(self, level: int = 1) -> None:
+        pass
+
+    def wake_up(self) -> None:
+        pass
+
+    def stats(self) -> dict[str, Any]:
+        return {"num_requests": len(self.requests), "pid": os.getpid()}
+
+
+def make_diffusion(ctx: EngineContext) -> ToyDiffusionEngine:
+    return ToyDiffusionEngine(ctx)
+
+
+def image_pipeline(step_delay: float = 0.0) -> PipelineSpec:
+    stage = StageSpec(
+        0,
+        "dit",
+        StageKind.DIFFUSION,
+        final_output=True,
+        output_modality="image",
+        engine=make_diffusion,
+        engine_args={"step_delay": step_delay},
+    )
+    return PipelineSpec(name="toy-image", stages=(stage,))
+
+
+def video_pipeline(step_delay: float = 0.0) -> PipelineSpec:
+    stage = StageSpec(
+        0,
+        "dit",
+        StageKind.DIFFUSION,
+        final_output=True,
+        output_modality="video",
+        engine=make_diffusion,
+        engine_args={"video": True, "step_delay": step_delay},
+    )
+    return PipelineSpec(name="toy-video", stages=(stage,))
+
+
+def diffusers_pipeline(name: str, modality: str) -> tuple[PipelineSpec, str]:
+    """A real tiny diffusers checkpoint on the diffusion engine, as a one-stage user pipeline."""
+    from omnistage.demo.diffusion_models import tiny_pipeline_dir
+
+    stage = StageSpec(0, "dit", StageKind.DIFFUSION, final_output=True, output_modality=modality)
+    return PipelineSpec(name=name, stages=(stage,)), str(tiny_pipeline_dir(name))
+
+
+PIPELINES = {
+    "toy-omni": speech_pipeline,
+    "toy-image": image_pipeline,
+    "toy-video": video_pipeline,
+    "tiny-flux1": lambda step_delay=0.0: diffusers_pipeline("tiny-flux1", "image"),
+    "tiny-wan21-t2v": lambda step_delay=0.0: diffusers_pipeline("tiny-wan21-t2v", "video"),
+    "tiny-stable-audio": lambda step_delay=0.0: diffusers_pipeline("tiny-stable-audio", "audio"),
+}

