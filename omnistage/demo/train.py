@@ -48,6 +48,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--vae-steps", type=int, default=VaeTraining.steps)
     parser.add_argument("--dit-steps", type=int, default=DitTraining.steps)
+    parser.add_argument(
+        "--dit-batch",
+        type=int,
+        nargs=2,
+        metavar=("IMAGES", "CLIPS"),
+        default=(DitTraining.images_per_step, DitTraining.clips_per_step),
+        help="still images and clips per DiT step (smaller: more updates per CPU-second)",
+    )
+    parser.add_argument("--dit-checkpoint-every", type=int, default=DitTraining.checkpoint_every)
     parser.add_argument("--probe-every", type=int, default=500, help="score held-out captions every N steps")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the machine is shared)")
     parser.add_argument("--seed", type=int, default=0)
@@ -122,7 +131,14 @@ def export(parts: Components, ema: Ema, output: Path) -> Path:
 def configs(args: argparse.Namespace) -> tuple[architecture.DemoArchitecture, VaeTraining, DitTraining]:
     arch = architecture.DemoArchitecture.tiny() if args.tiny else architecture.DemoArchitecture()
     vae = VaeTraining(steps=args.vae_steps, seed=args.seed)
-    dit = DitTraining(steps=args.dit_steps, seed=args.seed, flow_shift=arch.flow_shift)
+    dit = DitTraining(
+        steps=args.dit_steps,
+        seed=args.seed,
+        flow_shift=arch.flow_shift,
+        images_per_step=args.dit_batch[0],
+        clips_per_step=args.dit_batch[1],
+        checkpoint_every=args.dit_checkpoint_every,
+    )
     if args.tiny:
         vae = dataclasses.replace(vae, images_per_step=2, clips_per_step=1, warmup=1, checkpoint_every=2)
         dit = dataclasses.replace(

@@ -65,3 +65,23 @@ def test_clips_move(pipe):
     first, last = (measure_frame((frames[0, i] * 255).round().astype(np.uint8)) for i in (0, -1))
     assert first.centroid is not None and last.centroid is not None
     assert last.centroid[0] - first.centroid[0] > 4  # moved right by more than 4 pixels
+
+
+def test_omnistage_serves_it_as_images_and_clips_at_its_native_size():
+    """Resolved to the two-stage demo pipeline, so /v1/images/generations and /v1/videos both find it and a
+    request that names no size gets 32x32 (not Wan's 480x832x81)."""
+    from omnistage import DiffusionParams, Omni
+    from omnistage.config.resolve import resolve_pipeline
+    from omnistage.demo import demo_model_dirs
+    from omnistage.pipelines.demo_shapes import DEMO_SHAPES_PIPELINE
+
+    assert demo_model_dir() in demo_model_dirs()
+    assert resolve_pipeline(demo_model_dir())[0] is DEMO_SHAPES_PIPELINE
+    params = DiffusionParams(num_inference_steps=2, seed=0)
+    with Omni(demo_model_dir(), placement="inline") as omni:
+        assert set(omni.pipeline.modalities) == {"image", "video"}
+        (image,) = omni.generate(["a red circle"], params, modalities=["image"], use_tqdm=False)
+        (clip,) = omni.generate(["a red circle moving up"], params, modalities=["video"], use_tqdm=False)
+    assert image.error is None and clip.error is None
+    assert np.asarray(image.images[0]).shape == (32, 32, 3)
+    assert tuple(clip.video.shape[-4:]) == (9, 32, 32, 3) and clip.fps == 8
