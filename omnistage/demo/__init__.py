@@ -23,7 +23,7 @@ def demo_model_dirs() -> list[Path]:
 
 
 def train(argv: list[str]) -> int:
-    """`omnistage demo train [...]`: reproduces the shapes model from scratch (see omnistage.demo.train)."""
-    from omnistage.demo.train import main
+    """`omnistage demo train [...]`: reproduces the shapes model from scratch (see omnistage.demo.trainer)."""
+    from omnistage.demo.trainer import main
 
     return main(argv)

@@ -16,6 +16,8 @@ import copy
 import dataclasses
 import logging
 import random
+import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +37,7 @@ logger = logging.getLogger(__name__)
 @dataclasses.dataclass(frozen=True)
 class DitTraining:
     steps: int = 4000
+    stop_at: int | None = None  # end this run at that step, the schedule still planned for `steps`
     images_per_step: int = 24
     clips_per_step: int = 6
     lr: float = 3e-4
@@ -163,7 +166,8 @@ def train_dit(
         module.train()
     images, clips = data
     started, loss_sum, seen = time.time(), 0.0, 0
-    for step in range(start, config.steps):
+    stop = _StopOnSigterm()
+    for step in range(start, min(config.steps, config.stop_at or config.steps)):
         rng, generator = (
             random.Random(f"{config.seed}/dit/{step}"),
             torch.Generator().manual_seed(config.seed + step),
@@ -189,8 +193,31 @@ def train_dit(
                 "dit step %d/%d loss %.4f (%.2fs/step)", step + 1, config.steps, loss_sum / seen, rate
             )
             loss_sum, seen, started = 0.0, 0, time.time()
-        if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
+        if stop.requested:
+            save_state(state_path, step + 1, state)
+            logger.info("stopped by SIGTERM after step %d (rerun to continue)", step + 1)
+            break
+        if (step + 1) % config.checkpoint_every == 0 or step + 1 in (config.steps, config.stop_at):
             save_state(state_path, step + 1, state)
             if on_checkpoint is not None:
                 on_checkpoint(step + 1, ema)
+    stop.restore()
     return ema
+
+
+class _StopOnSigterm:
+    """Turns SIGTERM into "save after this step and stop": on a shared machine a long run is often stopped
+    to free the cores, and the steps since the last checkpoint (minutes, under load) must not be lost."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._request)
+
+    def _request(self, signum: int, frame: object) -> None:
+        self.requested = True
+
+    def restore(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)

@@ -24,6 +24,6 @@ def demo_model_dir() -> Path:
     if not (path / "model_index.json").exists():
         raise FileNotFoundError(
             f"demo model missing at {path}; reinstall omnistage or rebuild it with "
-            f"`python -m omnistage.demo.train --output {path}`"
+            f"`omnistage demo train --output {path}`"
         )
     return path

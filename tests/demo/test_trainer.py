@@ -6,7 +6,7 @@ import pytest
 import torch
 from diffusers import DiffusionPipeline
 
-from omnistage.demo import architecture, train
+from omnistage.demo import architecture, trainer
 from omnistage.demo.dit_training import LatentSet, flow_matching_loss
 from omnistage.demo.text_conditioning import encode_captions
 from omnistage.demo.vae_training import decode_unclamped
@@ -16,8 +16,10 @@ pytestmark = pytest.mark.engine
 
 def test_every_phase_runs_resumes_and_exports(tmp_path):
     args = ["--tiny", "--workdir", str(tmp_path / "work"), "--output", str(tmp_path / "pipe"), "--seed", "1"]
-    assert train.main([*args, "--vae-steps", "2", "--dit-steps", "2", "--phases", "vae,latents,dit"]) == 0
-    assert train.main([*args, "--vae-steps", "2", "--dit-steps", "4", "--phases", "dit,export"]) == 0
+    first = ["--vae-steps", "2", "--dit-steps", "4", "--dit-stop-at", "2", "--phases", "vae,latents,dit"]
+    assert trainer.main([*args, *first]) == 0
+    assert torch.load(tmp_path / "work" / "dit_state.pt", weights_only=False)["step"] == 2
+    assert trainer.main([*args, "--vae-steps", "2", "--dit-steps", "4", "--phases", "dit,export"]) == 0
     log = (tmp_path / "work" / "train.log").read_text()
     assert (
         "resumed dit_state.pt at step 2" in log and "dit step 4/4" not in log.split("resumed dit_state.pt")[0]

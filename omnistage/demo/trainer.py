@@ -1,4 +1,4 @@
-"""`omnistage demo train` / `python -m omnistage.demo.train`: reproduces the demo model from nothing.
+"""`omnistage demo train` / `python -m omnistage.demo.trainer`: reproduces the demo model from nothing.
 
 Phases, each resumable (state and a log live in --workdir; rerunning the same command continues):
   vae      train the Wan VAE on rendered scenes (fresh scenes every step)
@@ -7,7 +7,7 @@ Phases, each resumable (state and a log live in --workdir; rerunning the same co
   export   write the diffusers pipeline directory (--output)
   eval     score held-out captions (colour, shape, position, motion) and cache-dit behaviour
 
-Run it niced on a shared machine: `nice -n 10 python -m omnistage.demo.train --threads 1`.
+Run it niced on a shared machine: `nice -n 19 omnistage demo train --threads 2`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from omnistage.demo.cache import cache_root
 from omnistage.demo.dit_training import DitTraining, Ema, encode_latent_sets, train_dit
 from omnistage.demo.vae_training import VaeTraining, latent_statistics, train_vae
 
-logger = logging.getLogger("omnistage.demo.train")  # also when run as __main__
+logger = logging.getLogger("omnistage.demo.trainer")  # also when run as __main__
 
 PHASES = ("vae", "latents", "dit", "export", "eval")
 
@@ -55,6 +55,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar=("IMAGES", "CLIPS"),
         default=(DitTraining.images_per_step, DitTraining.clips_per_step),
         help="still images and clips per DiT step (smaller: more updates per CPU-second)",
+    )
+    parser.add_argument(
+        "--dit-stop-at", type=int, default=None, help="stop the DiT at this step (schedule: --dit-steps)"
     )
     parser.add_argument("--dit-checkpoint-every", type=int, default=DitTraining.checkpoint_every)
     parser.add_argument("--probe-every", type=int, default=500, help="score held-out captions every N steps")
@@ -138,6 +141,7 @@ def configs(args: argparse.Namespace) -> tuple[architecture.DemoArchitecture, Va
         images_per_step=args.dit_batch[0],
         clips_per_step=args.dit_batch[1],
         checkpoint_every=args.dit_checkpoint_every,
+        stop_at=args.dit_stop_at,
     )
     if args.tiny:
         vae = dataclasses.replace(vae, images_per_step=2, clips_per_step=1, warmup=1, checkpoint_every=2)
