@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 
 def demo_model_dirs() -> list[Path]:
-    """The models `omnistage serve` (no model given) serves, built (or converted) on first use."""
+    """The models `omnistage serve` (no model given) serves: the chat model, and the trained shapes model
+    (images and clips) when the package carries its weights."""
+    from omnistage.demo.model import demo_model_dir
     from omnistage.demo.smollm import smollm2_dir
 
-    return [smollm2_dir()]
+    dirs = [smollm2_dir()]
+    try:
+        dirs.append(demo_model_dir())
+    except FileNotFoundError as exc:
+        logger.warning("%s", exc)
+    return dirs
 
 
 def train(argv: list[str]) -> int:
-    raise SystemExit("this build has no trainable demo model")
+    """`omnistage demo train [...]`: reproduces the shapes model from scratch (see omnistage.demo.trainer)."""
+    from omnistage.demo.trainer import main
+
+    return main(argv)

@@ -1,0 +1,54 @@
+"""The trained demo model (`omnistage/demo/assets/wan-shapes`): one Wan checkpoint served as images and clips.
+
+A plain Wan directory resolves to the generic one-stage pipeline, which produces video only and whose
+defaults (480x832, 81 frames) are far beyond what this 32x32 model draws. Here the same checkpoint backs two
+independent entry stages: "image" (one frame) for /v1/images/generations and "video" (9 frames) for
+/v1/videos; a request runs only the stage of the modality it asks for, with the model's native size filled
+in when the client gives none.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
+from omnistage.demo.model import CLIP_CALL, CLIP_FPS, DEMO_MODEL_NAME, NATIVE_CALL
+from omnistage.pipelines import registry
+
+if TYPE_CHECKING:
+    from omnistage.config.resolve import ModelInfo
+
+DEMO_SHAPES_PIPELINE = PipelineSpec(
+    name=DEMO_MODEL_NAME,
+    stages=(
+        StageSpec(
+            stage_id=0,
+            name="image",
+            kind=StageKind.DIFFUSION,
+            final_output=True,
+            output_modality="image",
+            default_params=dict(NATIVE_CALL),
+        ),
+        StageSpec(
+            stage_id=1,
+            name="video",
+            kind=StageKind.DIFFUSION,
+            final_output=True,
+            output_modality="video",
+            default_params={**CLIP_CALL, "fps": CLIP_FPS},
+        ),
+    ),
+    default_deploy="diffusers_generic.yaml",
+    default_modalities=("image",),
+)
+
+
+def resolve(info: ModelInfo) -> PipelineSpec | None:
+    """The demo directory by name (a Wan pipeline called `wan-shapes`); any other Wan stays generic."""
+    index = info.model_index or {}
+    if info.path.name == DEMO_MODEL_NAME and index.get("_class_name") == "WanPipeline":
+        return DEMO_SHAPES_PIPELINE
+    return None
+
+
+registry.register_resolver(DEMO_MODEL_NAME, resolve, priority=10)
