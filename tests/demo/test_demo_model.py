@@ -1,24 +1,19 @@
-"""The committed demo model: plain diffusers loads it and it draws what captions say."""
+"""The committed demo model: plain diffusers loads it, omnistage serves it as images and clips."""
 
 import json
 
 import numpy as np
 import pytest
-import torch
 from diffusers import DiffusionPipeline
 
-from omnistage.demo.measure import measure_frame
-from omnistage.demo.model import CLIP_CALL, NATIVE_CALL, demo_model_dir
+from omnistage.demo.model import demo_model_dir
 
 pytestmark = pytest.mark.engine
 
 MAX_BYTES = 30 * 1024 * 1024
-# The committed weights stop at DiT step 200 (the shared CPU gave the DiT no more this session): they draw
-# coloured blobs, not shapes. These quality checks hold the bar for retrained weights; not run meanwhile
-# (each takes minutes on a loaded machine), and strict, so a passing one is noticed.
-UNDERTRAINED = pytest.mark.xfail(
-    strict=True, run=False, reason="committed DiT weights are undertrained (step 200); see docs/demo_model.md"
-)
+# The quality bar of issue 7 (colour, shape, motion, cache-dit reuse) is measured by
+# `omnistage demo train --phases eval`, not here: the committed weights (DiT step 200) do not meet it yet,
+# and a test that is never run would only pretend to hold it.
 
 
 @pytest.fixture(scope="module")
@@ -39,40 +34,6 @@ def test_directory_is_a_standard_wan_pipeline(pipe):
     assert pipe.transformer.config.num_layers >= 9  # cache-dit's default DBCache computes 8 front blocks
     weights = sum(p.stat().st_size for p in demo_model_dir().rglob("*.safetensors"))
     assert 0 < weights <= MAX_BYTES
-
-
-@UNDERTRAINED
-def test_images_follow_their_captions(pipe):
-    captions = [
-        "a red circle in the center on a black background",
-        "a yellow square on the left on a blue background",
-        "a green triangle at the top on a white background",
-        "a white circle at the bottom right on a gray background",
-    ]
-    generators = [torch.Generator().manual_seed(i) for i in range(len(captions))]
-    frames = pipe(
-        captions, num_inference_steps=20, generator=generators, output_type="np", **NATIVE_CALL
-    ).frames
-    assert frames.shape == (4, 1, 32, 32, 3)
-    seen = [measure_frame((frame[0] * 255).round().astype(np.uint8)) for frame in frames]
-    assert sum(m.colour == c.split()[1] for m, c in zip(seen, captions, strict=True)) >= 3
-    assert sum(m.shape == c.split()[2] for m, c in zip(seen, captions, strict=True)) >= 2
-
-
-@UNDERTRAINED
-def test_clips_move(pipe):
-    generator = torch.Generator().manual_seed(0)
-    frames = pipe(
-        "a red square moving right on a black background",
-        num_inference_steps=20,
-        generator=generator,
-        output_type="np",
-        **CLIP_CALL,
-    ).frames
-    assert frames.shape == (1, 9, 32, 32, 3)
-    first, last = (measure_frame((frames[0, i] * 255).round().astype(np.uint8)) for i in (0, -1))
-    assert first.centroid is not None and last.centroid is not None
-    assert last.centroid[0] - first.centroid[0] > 4  # moved right by more than 4 pixels
 
 
 def test_omnistage_serves_it_as_images_and_clips_at_its_native_size():
