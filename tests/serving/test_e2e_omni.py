@@ -84,6 +84,14 @@ def as_int16(samples: np.ndarray) -> np.ndarray:
     return (samples.clip(-1, 1) * 32767).round().astype(np.int16)
 
 
+def assert_same_audio(got: np.ndarray, want: np.ndarray) -> None:
+    """Equal within one int16 step (3e-5, under issue 6's 1e-4 waveform tolerance): the server's stage
+    threads may sum float32 products in another order than the offline run's, which moves a rare sample
+    across a rounding boundary (seen on a fresh clone: 186 of 34,560 samples, all by 1)."""
+    assert got.shape == want.shape
+    assert int(np.abs(got.astype(np.int32) - want.astype(np.int32)).max()) <= 1
+
+
 def read_wav(data: bytes) -> tuple[np.ndarray, int]:
     return sf.read(io.BytesIO(data), dtype="int16")
 
@@ -103,7 +111,7 @@ def test_chat_text_and_audio_come_from_the_speech_stages(omni_client, model_name
     samples, rate = read_wav(base64.b64decode(message.audio.data))
     assert rate == message.audio.model_extra["sample_rate"] == 24000
     assert len(samples) > 0 and np.abs(samples).max() > 0
-    np.testing.assert_array_equal(samples, want)
+    assert_same_audio(samples, want)
 
 
 def test_chat_streams_audio_chunks_while_the_talker_speaks(omni_client, model_name, expected):
@@ -127,7 +135,7 @@ def test_chat_streams_audio_chunks_while_the_talker_speaks(omni_client, model_na
     assert len(by_modality["audio"]) >= 2  # async chunk: code2wav decodes while codes still arrive
     pieces = [read_wav(base64.b64decode(piece)) for piece in by_modality["audio"]]
     assert {rate for _, rate in pieces} == {24000}
-    np.testing.assert_array_equal(np.concatenate([samples for samples, _ in pieces]), want)
+    assert_same_audio(np.concatenate([samples for samples, _ in pieces]), want)
 
 
 def test_speech_route_reads_the_input_aloud_with_the_voice(omni_client, omni_server, model_name, expected):
@@ -140,7 +148,7 @@ def test_speech_route_reads_the_input_aloud_with_the_voice(omni_client, omni_ser
     samples, rate = read_wav(response.http_response.content)
     _, want = expected
     assert rate == 24000
-    np.testing.assert_array_equal(samples, want)
+    assert_same_audio(samples, want)
 
     import httpx
 
@@ -150,13 +158,13 @@ def test_speech_route_reads_the_input_aloud_with_the_voice(omni_client, omni_ser
     assert [e["type"] for e in events[:-1]] == ["speech.audio.delta"] * (len(events) - 1)
     assert events[-1]["type"] == "speech.audio.done" and len(events) >= 3
     pcm = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
-    np.testing.assert_array_equal(np.frombuffer(pcm, "<i2"), want)
+    assert_same_audio(np.frombuffer(pcm, "<i2"), want)
 
     raw = {**sse, "response_format": "wav", "stream_format": "audio", **body}
     with httpx.stream("POST", omni_server.url + "/v1/audio/speech", json=raw, timeout=120) as r:
         data = b"".join(r.iter_bytes())
     assert data[:4] == b"RIFF" and int.from_bytes(data[24:28], "little") == 24000
-    np.testing.assert_array_equal(np.frombuffer(data[44:], "<i2"), want)
+    assert_same_audio(np.frombuffer(data[44:], "<i2"), want)
 
 
 def test_text_only_requests_and_unknown_voices(omni_client, omni_server, model_name, expected):
