@@ -9,14 +9,19 @@ codec tokens per request (min = max tokens), the same seed for the vocoder's noi
 - omnistage full handoff: the default deployment (thinker, talker, code2wav in three processes) with
   code2wav decoding each request once its codes are complete;
 - omnistage async chunk: the same, with code2wav decoding chunks while the talker is still speaking.
-omnistage gets all N requests at t0 and serves them with at most `--concurrency` requests in each stage
-at a time (every stage's `max_num_seqs`): a stage takes the next request as soon as it has room, whatever
-the later stages are doing.
+Concurrency, `--arrival`:
+- `burst` (default, the workload the issue's figures use): omnistage gets all N requests at t0 and serves
+  them with at most `--concurrency` requests in each stage at a time (every stage's `max_num_seqs`): a
+  stage takes the next request as soon as it has room, whatever the later stages are doing. Times are
+  measured from t0, so a request that waits for a stage slot counts its wait.
+- `closed`: the client keeps `--concurrency` requests in flight (the next is sent when one completes, as
+  `vllm bench serve --max-concurrency` does) and each request's times are measured from when it was sent;
+  the baseline's from when its own generate call started.
 
-Job completion time (JCT) of a request = its completion − t0; time to first audio (TTFA) = its first audio
-chunk − t0 (the baseline returns audio only at the end). Reported: mean and p99 over the N requests, the
-makespan, and the ratios the issue sets targets for (JCT ≤ 0.2× baseline, TTFA async ≤ 0.25× full). Async
-chunk is lossy at chunk edges: its max abs waveform difference from full handoff is printed too.
+Job completion time (JCT) of a request = its completion − its start; time to first audio (TTFA) = its first
+audio chunk − its start (the baseline returns audio only at the end). Reported: mean and p99 over the N
+requests, the makespan, and the ratios the issue sets targets for (JCT ≤ 0.2× baseline, TTFA async ≤ 0.25×
+full). Async chunk is lossy at chunk edges: its max abs waveform difference from full handoff is printed.
 
     python benchmarks/omni_pipeline.py [--size bench] [--requests 16] [--concurrency 8]
 """
@@ -89,8 +94,9 @@ def run_baseline(model_dir: str, texts: list[str], args: argparse.Namespace) -> 
     t0 = time.perf_counter()
     done, waves = [], []
     for text in texts:
+        start = t0 if args.arrival == "burst" else time.perf_counter()
         waves.append(one(text))
-        done.append(time.perf_counter() - t0)
+        done.append(time.perf_counter() - start)
     return summarize("transformers, one at a time", done, done), waves
 
 
@@ -129,13 +135,25 @@ async def run_omnistage(model_dir: str, texts: list[str], args: argparse.Namespa
         await one(texts[0], time.perf_counter())  # warm-up
         marks.clear()
         t0 = time.perf_counter()
-        results = await asyncio.gather(*(one(text, t0) for text in texts))
+        if args.arrival == "burst":
+            results = await asyncio.gather(*(one(text, t0) for text in texts))
+        else:
+            slots = asyncio.Semaphore(args.concurrency)
+
+            async def sent_when_a_slot_frees(text: str) -> tuple[float, float, torch.Tensor]:
+                async with slots:
+                    return await one(text, time.perf_counter())
+
+            results = await asyncio.gather(*(sent_when_a_slot_frees(text) for text in texts))
     finally:
         await omni.shutdown()
     row = summarize(name, [r[1] for r in results], [r[0] for r in results])
     keys = ("stage0_done_s", "stage1_first_s", "stage1_done_s", "first_audio_s", "e2e_s")
     means = {k: np.mean([m[k] for m in marks if k in m]) for k in keys if any(k in m for m in marks)}
-    print("  stage marks, mean s from t0: " + ", ".join(f"{k} {v:.2f}" for k, v in means.items()))
+    print("  stage marks, mean s from arrival: " + ", ".join(f"{k} {v:.2f}" for k, v in means.items()))
+    # When each request's talker began speaking: a request's audio cannot start before that.
+    talker = sorted(m["stage1_first_s"] for m in marks if "stage1_first_s" in m)
+    print("  talker first codec token per request, sorted (s): " + " ".join(f"{t:.1f}" for t in talker))
     return row, [r[2] for r in results]
 
 
@@ -148,7 +166,16 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8, help="requests each stage serves at once")
     parser.add_argument("--thinker-tokens", type=int, default=24)
     parser.add_argument("--talker-tokens", type=int, default=288, help="~12 codec tokens per text token")
-    parser.add_argument("--skip-baseline", action="store_true")
+    parser.add_argument(
+        "--arrival",
+        default="burst",
+        choices=["burst", "closed"],
+        help="burst: all requests at t0, every stage capped at --concurrency, times from t0; closed: the "
+        "client keeps --concurrency requests in flight, times from each request's send",
+    )
+    parser.add_argument(
+        "--skip-baseline", action="store_true", help="omnistage only (the JCT ratios need the baseline)"
+    )
     parser.add_argument(
         "--baseline-threads",
         type=int,
@@ -161,7 +188,7 @@ def main() -> None:
     texts = prompts(args.requests)
     print(
         f"Qwen2.5-Omni ({args.size}) {model_dir}: {args.requests} requests, concurrency {args.concurrency}, "
-        f"{args.thinker_tokens} text + {args.talker_tokens} codec tokens each "
+        f"arrival {args.arrival}, {args.thinker_tokens} text + {args.talker_tokens} codec tokens each "
         f"({args.talker_tokens * 480 / 24000:.1f} s of audio); baseline threads {args.baseline_threads}; "
         f"load average {os.getloadavg()[0]:.2f}",
         flush=True,
@@ -171,7 +198,9 @@ def main() -> None:
     drift = max(float((a - b).abs().max()) for a, b in zip(chunk_waves, full_waves, strict=True))
     print(f"async chunk vs full handoff waveform: max abs diff {drift:.2e}")
     print(f"TTFA async / full handoff: mean {chunk['ttfa_mean'] / full['ttfa_mean']:.3f}x (target <= 0.25)")
-    if not args.skip_baseline:
+    if args.skip_baseline:
+        print("transformers baseline: SKIPPED (--skip-baseline); no JCT ratios in this run")
+    else:
         base, base_waves = run_baseline(model_dir, texts, args)
         exact = max(float((a - b).abs().max()) for a, b in zip(full_waves, base_waves, strict=True))
         print(f"full handoff vs transformers waveform: max abs diff {exact:.2e}")

@@ -95,11 +95,48 @@ def test_a_request_behind_catches_up_in_longer_spans():
     vocoder = ToyVocoder(outputs_per_frame=2)
     codes = torch.randint(0, 64, (11,))
     engine = GenerationEngine(vocoder, chunk_size=3, max_chunk_size=7, left_context=1, right_context=1)
-    engine.add_request(StageRequest("r", inputs={"codes": codes[:10]}, streaming_input=True))
+    engine.add_request(StageRequest("r", inputs={"codes": codes[:4]}, streaming_input=True))
     first = engine.step()
-    assert first[0].tensors["audio"].numel() == 6 * 2  # 9 frames ready, capped at 2 whole chunks
+    assert first[0].tensors["audio"].numel() == 3 * 2
+    engine.add_chunk("r", {"codes": codes[4:10]}, last=False)
+    behind = engine.step()
+    assert behind[0].tensors["audio"].numel() == 6 * 2  # 6 frames ready: two whole chunks in one span
     engine.add_chunk("r", {"codes": codes[10:]}, last=True)
-    outs = first + drain(engine)
+    outs = first + behind + drain(engine)
+    assert outs[-1].finished
+    assert torch.allclose(joined(outs, "r"), vocoder.generate([codes], [None])[0], atol=1e-6)
+
+
+def test_first_output_is_one_chunk_however_much_is_ready():
+    """Time to first audio: a request that arrives with much input ready still plays after one chunk."""
+    vocoder = ToyVocoder(outputs_per_frame=2)
+    codes = torch.randint(0, 64, (20,))
+    engine = GenerationEngine(vocoder, chunk_size=3, max_chunk_size=9, left_context=1, right_context=1)
+    for rid, last in (("streaming", False), ("complete", True)):
+        engine.add_request(StageRequest(rid, inputs={"codes": codes}, streaming_input=not last))
+    first = engine.step()
+    assert sorted(o.request_id for o in first) == ["complete", "streaming"]
+    assert all(o.tensors["audio"].numel() == 3 * 2 for o in first)
+    second = engine.step()  # then catch-up spans
+    assert all(o.tensors["audio"].numel() == 9 * 2 for o in second) and len(second) == 2
+    engine.add_chunk("streaming", {}, last=True)
+    outs = first + second + drain(engine)
+    for rid in ("streaming", "complete"):
+        assert torch.allclose(joined(outs, rid), vocoder.generate([codes], [None])[0], atol=1e-6)
+
+
+def test_a_smaller_first_chunk_then_whole_chunks():
+    vocoder = ToyVocoder(outputs_per_frame=2)
+    codes = torch.randint(0, 64, (14,))
+    engine = GenerationEngine(vocoder, chunk_size=4, first_chunk_size=2, left_context=1, right_context=1)
+    engine.add_request(StageRequest("r", inputs={"codes": codes[:3]}, streaming_input=True))
+    outs = drain(engine)
+    assert [o.tensors["audio"].numel() for o in outs] == [2 * 2]  # 3 frames: first chunk + right context
+    engine.add_chunk("r", {"codes": codes[3:10]}, last=False)
+    outs += drain(engine)
+    assert [o.tensors["audio"].numel() for o in outs] == [2 * 2, 4 * 2]  # then whole chunks of 4
+    engine.add_chunk("r", {"codes": codes[10:]}, last=True)
+    outs += drain(engine)
     assert outs[-1].finished
     assert torch.allclose(joined(outs, "r"), vocoder.generate([codes], [None])[0], atol=1e-6)
 

@@ -276,7 +276,9 @@ def create_engine(ctx: EngineContext) -> GenerationEngine:
     """The code2wav stage: transformers' token2wav behind the generation engine.
 
     engine_args: `chunk_blocks` (2), `left_blocks` (3), `right_blocks` (2) size async-chunk decoding in DiT
-    blocks (12 codes each; the vocoder's radius is added to the right context), `max_chunk_blocks` (8) caps
+    blocks (12 codes each; the vocoder's radius is added to the right context), `first_chunk_blocks` (1) is
+    a request's first chunk (its first audio waits for fewer codes; later windows still start on block
+    boundaries, and the first has the same right context), `max_chunk_blocks` (8) caps
     the span a request that fell behind decodes at once; `num_steps`,
     `guidance_scale`, `sway_coefficient` override the solver's defaults. A stage deployed with
     `async_chunk: false` decodes each request in one pass, exactly as the reference.
@@ -297,6 +299,7 @@ def create_engine(ctx: EngineContext) -> GenerationEngine:
         max_num_seqs=ctx.deploy.max_num_seqs,
         chunk_size=int(args.get("chunk_blocks", 2)) * per_block,
         max_chunk_size=int(args.get("max_chunk_blocks", 8)) * per_block,
+        first_chunk_size=int(args.get("first_chunk_blocks", 1)) * per_block,
         left_context=int(args.get("left_blocks", 3)) * per_block,
         right_context=int(args.get("right_blocks", 2)) * per_block + lookahead,
     )

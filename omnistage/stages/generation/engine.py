@@ -62,6 +62,7 @@ class GenerationEngine:
         input_key: str = "codes",
         output_key: str = "audio",
         max_chunk_size: int | None = None,
+        first_chunk_size: int | None = None,
     ):
         if chunk_size is not None and chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
@@ -73,6 +74,9 @@ class GenerationEngine:
         self.max_chunk_size = chunk_size
         if chunk_size and max_chunk_size:
             self.max_chunk_size = max(chunk_size, max_chunk_size // chunk_size * chunk_size)
+        # A request's first output may be smaller than the rest: its first audio waits for fewer input
+        # frames and costs a smaller decode (time to first audio); the later chunks keep the larger size.
+        self.first_chunk_size = first_chunk_size or chunk_size
         self.left_context = left_context
         self.right_context = right_context
         self.input_key = input_key
@@ -163,13 +167,24 @@ class GenerationEngine:
         if state.complete:
             if pending <= 0:
                 return start, start
-            return start, start + (pending if self.chunk_size is None else min(pending, self.max_chunk_size))
+            if self.chunk_size is None:
+                return start, start + pending
+            return start, start + min(pending, self._span_cap(state))
         if self.chunk_size is None:
             return None
+        if state.emitted == 0:
+            ready = pending - self.right_context
+            return (start, start + self.first_chunk_size) if ready >= self.first_chunk_size else None
         ready = (pending - self.right_context) // self.chunk_size * self.chunk_size
         if ready < self.chunk_size:
             return None
-        return start, start + min(ready, self.max_chunk_size)
+        return start, start + min(ready, self._span_cap(state))
+
+    def _span_cap(self, state: _Request) -> int:
+        """A request's first output is one (first) chunk, however much input is ready: its first audio should
+        cost one chunk's decode, not a catch-up span's (a request that waited for the stage, e.g. behind
+        another pass, would otherwise decode up to `max_chunk_size` frames before playing anything)."""
+        return self.first_chunk_size if state.emitted == 0 else self.max_chunk_size
 
     def _frames(self, value: Any) -> torch.Tensor:
         if value is None:
@@ -188,13 +203,14 @@ class GenerationEngine:
 
 def create_engine(ctx: EngineContext) -> GenerationEngine:
     """`engine_args`: `generator` ("module:function" called with the context, returning a Generator),
-    and optionally `chunk_size`, `max_chunk_size`, `left_context`, `right_context`, `input_key`,
-    `output_key`."""
+    and optionally `chunk_size`, `max_chunk_size`, `first_chunk_size`, `left_context`, `right_context`,
+    `input_key`, `output_key`."""
     args = dict(ctx.engine_args)
     factory = load_ref(args.pop("generator", None))
     if factory is None:
         raise ValueError(f"stage {ctx.stage.name}: generation stages need engine_args.generator")
-    known = {"chunk_size", "max_chunk_size", "left_context", "right_context", "input_key", "output_key"}
+    known = {"chunk_size", "max_chunk_size", "first_chunk_size", "left_context", "right_context"}
+    known |= {"input_key", "output_key"}
     options = {k: v for k, v in args.items() if k in known}
     return GenerationEngine(factory(ctx), max_num_seqs=ctx.deploy.max_num_seqs, **options)
 
