@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import msgspec
 from tqdm import tqdm
 
 from omnistage.config.deploy import resolve_deploy
@@ -24,7 +23,7 @@ from omnistage.config.pipeline import PipelineSpec
 from omnistage.config.resolve import resolve_pipeline
 from omnistage.errors import ConfigError, InvalidRequestError, OverloadedError
 from omnistage.outputs import OmniRequestOutput
-from omnistage.params import params_class
+from omnistage.params import apply_constraints, params_class
 from omnistage.runtime.orchestrator import Orchestrator
 from omnistage.runtime.request_state import RequestState
 
@@ -69,17 +68,9 @@ class _OmniBase:
             raise ConfigError(f"default params of stage {sid} ({spec.name}): {exc}") from exc
 
     def _constrain(self, sid: int, params: Any) -> Any:
-        """Apply the model's sampling constraints: scalars win, lists (stop ids) are extended."""
+        """Apply the model's sampling constraints (see `apply_constraints`)."""
         constraints = self.pipeline.stage(sid).sampling_constraints
-        if not constraints:
-            return params
-        changes = {}
-        for key, value in constraints.items():
-            current = getattr(params, key)
-            if isinstance(value, list) and isinstance(current, list):
-                value = list(dict.fromkeys([*current, *value]))
-            changes[key] = value
-        return msgspec.structs.replace(params, **changes)
+        return apply_constraints(params, constraints) if constraints else params
 
     def resolve_params(self, params: Any) -> dict[int, Any]:
         """One params object (for the first stage that takes its type) or one per stage, with defaults."""

@@ -132,3 +132,15 @@ StageParams = SamplingParams | DiffusionParams | GenerationParams
 def params_class(kind: str) -> type[StageParams]:
     """The parameter type a stage kind takes."""
     return {"ar": SamplingParams, "diffusion": DiffusionParams}.get(str(kind), GenerationParams)
+
+
+def apply_constraints(params: Any, constraints: dict[str, Any]) -> Any:
+    """A model's fixed parameters on top of a request's: scalars win, lists (e.g. codec stop ids) are
+    extended. Idempotent, so the API and the engine may both apply it."""
+    changes = {}
+    for key, value in constraints.items():
+        current = getattr(params, key)
+        if isinstance(value, list) and isinstance(current, list):
+            value = list(dict.fromkeys([*current, *value]))
+        changes[key] = value
+    return msgspec.structs.replace(params, **changes)

@@ -13,12 +13,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import msgspec
 import torch
 
 from omnistage.config.pipeline import load_ref
 from omnistage.errors import InvalidRequestError
-from omnistage.params import SamplingParams
+from omnistage.params import SamplingParams, apply_constraints
 from omnistage.stages.ar.sequence import ARRequest
 from omnistage.stages.base import StageRequest
 
@@ -52,7 +51,7 @@ def make_params(given: Any, rules: InputRules) -> SamplingParams:
                 f"params must be SamplingParams for an AR stage, got {type(given).__name__}", param="params"
             )
         if rules.constraints:
-            params = constrain(params, rules.constraints)
+            params = apply_constraints(params, rules.constraints)
     except TypeError as exc:
         raise InvalidRequestError(f"invalid sampling parameter: {exc}", param="params") from exc
     bad = [t for t in params.allowed_token_ids or [] if not 0 <= t < rules.vocab_size]
@@ -62,18 +61,6 @@ def make_params(given: Any, rules: InputRules) -> SamplingParams:
             param="allowed_token_ids",
         )
     return params
-
-
-def constrain(params: SamplingParams, constraints: dict[str, Any]) -> SamplingParams:
-    """The model's fixed parameters: scalars win, lists (e.g. codec stop ids) are extended. The same rule
-    as the API's, and idempotent, so applying it again here is harmless."""
-    changes = {}
-    for key, value in constraints.items():
-        current = getattr(params, key)
-        if isinstance(value, list) and isinstance(current, list):
-            value = list(dict.fromkeys([*current, *value]))
-        changes[key] = value
-    return msgspec.structs.replace(params, **changes)
 
 
 def make_request(req: StageRequest, rules: InputRules) -> ARRequest:
