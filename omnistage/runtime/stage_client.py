@@ -84,7 +84,9 @@ class StageClient:
 
 
 # Inline stages of one process build their engines one at a time: concurrent first imports of
-# `transformers` (a lazy module) from several threads fail with "cannot import name ...".
+# `transformers` (a lazy module) from several threads fail with "cannot import name ...", and
+# `from_pretrained` builds modules on the meta device through process-global patches, so two loads at once
+# can leave each other's weights on meta ("Cannot copy out of meta tensor").
 _ENGINE_BUILD_LOCK = threading.Lock()
 
 

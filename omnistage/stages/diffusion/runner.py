@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import threading
 from typing import Any
 
 import torch
@@ -22,9 +21,6 @@ from omnistage.stages.diffusion.request import DiffusionRequest
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-# from_pretrained builds modules on the meta device through process-global patches, so two inline stages
-# loading at once (threads) can leave each other's weights on meta: loads in one process take turns.
-_LOAD_LOCK = threading.Lock()
 
 
 def load_pipeline(model_dir: str, dtype: str = "auto", device: str = "cpu") -> Any:
@@ -32,10 +28,9 @@ def load_pipeline(model_dir: str, dtype: str = "auto", device: str = "cpu") -> A
     from diffusers import DiffusionPipeline
 
     torch_dtype = DTYPES.get(dtype, torch.float32 if device == "cpu" else torch.bfloat16)
-    with _LOAD_LOCK:
-        pipe = DiffusionPipeline.from_pretrained(model_dir, dtype=torch_dtype, local_files_only=True)
-        pipe.set_progress_bar_config(disable=True)
-        return pipe.to(device)
+    pipe = DiffusionPipeline.from_pretrained(model_dir, dtype=torch_dtype, local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe.to(device)
 
 
 class DiffusionRunner:
