@@ -14,7 +14,7 @@ WAN = {**BASE, "num_frames": 5}
 
 @pytest.fixture(scope="module")
 def wan():
-    return make_engine("tiny-wan21-t2v", execution="step")
+    return make_engine("tiny-wan21-t2v", execution="step", step_token_budget=0)
 
 
 def test_progress_is_reported_step_by_step(wan):
@@ -39,6 +39,16 @@ def test_abort_between_steps_stops_the_request_and_frees_it(wan):
     assert "long" not in rest
     assert rest["keep"][-1].finished and rest["keep"][-1].error is None
     assert wan.stats()["num_requests"] == 0
+
+
+def test_on_cpu_each_forward_runs_only_the_most_urgent_request_by_default():
+    eng = make_engine("tiny-wan21-t2v", execution="step")
+    eng.add_request(request("long", "a cat", **{**WAN, "num_inference_steps": 3}, seed=1))
+    eng.add_request(request("short", "a dog", **{**WAN, "num_inference_steps": 2}, seed=2))
+    advanced = []
+    while eng.has_work():
+        advanced.append(sorted(o.request_id for o in eng.step()))
+    assert advanced == [["short"], ["short"], ["long"], ["long"], ["long"]]
 
 
 def test_abort_of_a_waiting_request_in_request_mode():
