@@ -1,22 +1,23 @@
 """Qwen2.5-Omni text + audio serving: transformers one request at a time vs omnistage's three-stage pipeline.
 
-Workload: N requests (different prompts) that all arrive at t0, each answered with text and speech. Every
-system does the same work: greedy decoding, exactly `--thinker-tokens` text tokens and `--talker-tokens`
-codec tokens per request (min = max tokens), the same seed for the vocoder's noise.
+Workload: N requests (different prompts), each answered with text and speech. Every system does the same
+work: greedy decoding, exactly `--thinker-tokens` text tokens and `--talker-tokens` codec tokens per request
+(min = max tokens), the same seed for the vocoder's noise.
 
 - baseline: `Qwen2_5OmniForConditionalGeneration.generate(return_audio=True)`, one request at a time (the
   baseline of the vLLM-Omni paper), with every core;
 - omnistage full handoff: the default deployment (thinker, talker, code2wav in three processes) with
   code2wav decoding each request once its codes are complete;
 - omnistage async chunk: the same, with code2wav decoding chunks while the talker is still speaking.
-Concurrency, `--arrival`:
-- `burst` (default, the workload the issue's figures use): omnistage gets all N requests at t0 and serves
-  them with at most `--concurrency` requests in each stage at a time (every stage's `max_num_seqs`): a
-  stage takes the next request as soon as it has room, whatever the later stages are doing. Times are
-  measured from t0, so a request that waits for a stage slot counts its wait.
-- `closed`: the client keeps `--concurrency` requests in flight (the next is sent when one completes, as
-  `vllm bench serve --max-concurrency` does) and each request's times are measured from when it was sent;
-  the baseline's from when its own generate call started.
+Every omnistage stage serves at most `--concurrency` requests at once (its `max_num_seqs`). Arrival,
+`--arrival`:
+- `closed` (default): the client keeps `--concurrency` requests in flight, sending the next when one
+  completes, and each request's times run from its send. This is what `vllm bench serve --max-concurrency
+  8 --request-rate inf` does, which is how vLLM-Omni's benchmarks set "concurrency". The baseline server
+  answers one request at a time in arrival order, so a baseline request's times include its wait in that
+  queue (it is sent when the request `--concurrency` places ahead of it finishes).
+- `burst`: all N requests arrive at t0 and every time runs from t0, so requests that wait for a stage slot
+  (the second wave) count their wait.
 
 Job completion time (JCT) of a request = its completion − its start; time to first audio (TTFA) = its first
 audio chunk − its start (the baseline returns audio only at the end). Reported: mean and p99 over the N
@@ -92,11 +93,18 @@ def run_baseline(model_dir: str, texts: list[str], args: argparse.Namespace) -> 
 
     one(texts[0])  # warm-up
     t0 = time.perf_counter()
-    done, waves = [], []
+    finished, waves = [], []
     for text in texts:
-        start = t0 if args.arrival == "burst" else time.perf_counter()
         waves.append(one(text))
-        done.append(time.perf_counter() - start)
+        finished.append(time.perf_counter() - t0)
+    # The server runs requests one at a time, in arrival order. burst: all were sent at t0. closed: the
+    # client sends the first `concurrency` at t0 and each later one when a response frees its slot, i.e.
+    # request i is sent when request i - concurrency finishes; its queue wait counts, as a client sees it.
+    sent = [
+        0.0 if args.arrival == "burst" or i < args.concurrency else finished[i - args.concurrency]
+        for i in range(len(texts))
+    ]
+    done = [end - start for end, start in zip(finished, sent, strict=True)]
     return summarize("transformers, one at a time", done, done), waves
 
 
@@ -168,7 +176,7 @@ def main() -> None:
     parser.add_argument("--talker-tokens", type=int, default=288, help="~12 codec tokens per text token")
     parser.add_argument(
         "--arrival",
-        default="burst",
+        default="closed",
         choices=["burst", "closed"],
         help="burst: all requests at t0, every stage capped at --concurrency, times from t0; closed: the "
         "client keeps --concurrency requests in flight, times from each request's send",

@@ -91,6 +91,19 @@ def test_vocoder_windows_with_radius_context_are_exact(generator):
     assert float((torch.cat(pieces) - whole).abs().max()) < 1e-5
 
 
+def test_spans_return_the_emitted_part_of_the_whole_window(generator, codes):
+    """With spans the vocoder runs on the emitted frames plus its radius only: the same samples."""
+    windows = [torch.tensor(codes[:48]), torch.tensor(codes[12:60])]
+    params = [GenerationParams(seed=s, extra={"speaker": "Chelsie"}) for s in (1, 2)]
+    whole = generator.generate(windows, params, [0, 12])
+    spans = [(0, 12), (24, 12)]
+    trimmed = generator.generate(windows, params, [0, 12], spans)
+    for full, part, (skip, count) in zip(whole, trimmed, spans, strict=True):
+        per = generator.outputs_per_frame
+        assert part.shape == (count * per,)
+        assert float((part - full[skip * per : (skip + count) * per]).abs().max()) < 1e-5
+
+
 def test_full_handoff_engine_decodes_once_and_exactly(omni_dir, generator, codes):
     eng = engine(omni_dir, async_chunk=False)
     params = GenerationParams(seed=4, extra={"speaker": "Chelsie"})

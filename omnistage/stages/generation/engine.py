@@ -26,7 +26,9 @@ class Generator(Protocol):
 
     A generator whose output depends on where a window sits in the whole input (absolute positions,
     per-frame noise) sets `positional = True` and is called as `generate(windows, params, starts)`, with
-    each window's first frame index in its request's input.
+    each window's first frame index in its request's input. One that can skip work on the context it will
+    not emit sets `emits_spans = True` and also gets `spans`, each window's (first emitted frame, count):
+    it then returns only those frames' output.
     """
 
     outputs_per_frame: int
@@ -127,24 +129,28 @@ class GenerationEngine:
         return outputs
 
     def _run(self, batch: list[tuple[str, _Request, int, int]]) -> list[StageOutput]:
-        windows, params, starts = [], [], []
+        windows, params, starts, spans = [], [], [], []
         for _, state, start, end in batch:
             lo = max(0, start - self.left_context)
             hi = min(state.available, end + self.right_context)
             windows.append(state.inputs()[lo:hi])
             params.append(state.request.params)
             starts.append(lo)
+            spans.append((start - lo, end - start))
+        emits_spans = getattr(self.generator, "emits_spans", False)
         with torch.inference_mode():
-            if getattr(self.generator, "positional", False):
+            if emits_spans:
+                results = self.generator.generate(windows, params, starts, spans)
+            elif getattr(self.generator, "positional", False):
                 results = self.generator.generate(windows, params, starts)
             else:
                 results = self.generator.generate(windows, params)
         self.passes += 1
         per = self.generator.outputs_per_frame
         outputs = []
-        for (rid, state, start, end), result in zip(batch, results, strict=True):
-            skip = (start - max(0, start - self.left_context)) * per
-            outputs.append(self._output(rid, state, end, result[skip : skip + (end - start) * per]))
+        for (rid, state, _, end), result, (skip, count) in zip(batch, results, spans, strict=True):
+            piece = result if emits_spans else result[skip * per : (skip + count) * per]
+            outputs.append(self._output(rid, state, end, piece))
         return outputs
 
     def _output(self, rid: str, state: _Request, end: int, piece: torch.Tensor) -> StageOutput:
