@@ -7,9 +7,13 @@ Every figure is measured in one run, on one model, with the same seeds:
      and p50/p99 latency for sequential plain calls (first come, first served), request mode, step mode, and
      step mode + cache-dit (PSNR of each cached output against the uncached one);
   3. short-request latency — one 81-frame and seven 9-frame requests: p50 latency of the 9-frame requests,
-     step mode (shortest-remaining-work-first) vs first-come-first-served whole-request execution;
-  4. cache-dit on a trained checkpoint (optional, --cache-model): throughput and PSNR with DBCache deciding
-     from the model's own residuals, against uncached step mode.
+     step mode (shortest-remaining-work-first) vs first-come-first-served whole-request execution.
+
+The model is a random-weight Wan checkpoint sized by --dim/--heads/--layers/--ffn, or any Wan pipeline
+directory (--model; e.g. the trained demo model, with --demo-captions for prompts it knows). cache-dit:
+a random model's residuals never fall under a threshold, so by default section 2 caches on a fixed schedule
+(`--cache-options fixed`); on a trained model pass DBCache options (JSON) and the model's own residuals
+decide which steps are reused, e.g. `--cache-options '{"residual_diff_threshold": 0.12}'`.
 
 The engine is driven in-process, the way the stage worker drives it: requests are added when their arrival
 time has passed, and `step()` runs while there is work. Latency = finish time - arrival time.
@@ -238,7 +242,7 @@ def poisson(model: str, args, pipe) -> dict:
     warm(lambda j: run_engine(step_engine, j), jobs)
     step_mode = run_engine(step_engine, jobs)
     rows.append(summarize("omnistage step mode", step_mode, jobs))
-    cache = {"cache": "cache_dit", "cache_options": cache_options(args.steps)}
+    cache = {"cache": "cache_dit", "cache_options": cache_options(args)}
     warm(lambda j: run_engine(step_engine, j, cache), jobs)
     cached = run_engine(step_engine, jobs, cache)
     rows.append(summarize("omnistage step mode + cache-dit", cached, jobs))
@@ -252,14 +256,17 @@ def poisson(model: str, args, pipe) -> dict:
         + ", ".join(f"{r['name']} {r['throughput_vs_plain']:.2f}x" for r in rows[1:])
     )
     done = f"{statistics.mean(computed):.1f}/{args.steps} steps computed"
-    log(f"  cache-dit (fixed schedule, {done}): PSNR vs uncached min {min(psnrs):.2f} dB")
+    log(f"  cache-dit ({args.cache_options}; {done}): PSNR vs uncached min {min(psnrs):.2f} dB")
     log(f"  cache-dit PSNR mean {statistics.mean(psnrs):.2f} dB")
     exact = max(float(np.abs(step_mode[i]["output"] - plain[i]["output"]).max()) for i in plain)
     log(f"  step mode vs plain outputs: max abs diff {exact:.2e}")
     return {"rows": rows, "psnr_db": psnrs, "computed_steps": computed, "step_vs_plain_max_abs_diff": exact}
 
 
-def cache_options(steps: int) -> dict:
+def cache_options(args) -> dict:
+    if args.cache_options != "fixed":
+        return json.loads(args.cache_options)
+    steps = args.steps
     mask = (
         FIXED_MASK_20
         if steps == 20
@@ -303,47 +310,6 @@ def short_latency(model: str, args, pipe) -> dict:
     return {**rows, "long_latency_s": long_latency}
 
 
-def trained_cache(args) -> dict | None:
-    model = args.cache_model
-    if not model or not (Path(model) / "model_index.json").exists():
-        log("\n[4] cache-dit on a trained checkpoint: skipped (no --cache-model directory)")
-        return None
-    cfg = json.loads(args.cache_call)
-    log(f"\n[4] cache-dit on the trained checkpoint {model} ({cfg})")
-    jobs = [
-        {
-            "id": f"t{i}",
-            "arrival": 0.0,
-            "prompt": PROMPTS[i % len(PROMPTS)],
-            "params": {**cfg, "seed": 2000 + i, "output_format": "tensor"},
-        }
-        for i in range(args.requests)
-    ]
-    plain = run_engine(make_engine(model, args.threads, args.max_num_seqs, execution="step"), jobs)
-    a = summarize("step mode", plain, jobs)
-    options = json.loads(args.cache_options)
-    cached = run_engine(
-        make_engine(model, args.threads, args.max_num_seqs, execution="step"),
-        jobs,
-        {"cache": "cache_dit", "cache_options": options},
-    )
-    b = summarize("step mode + cache-dit (DBCache)", cached, jobs)
-    psnrs = [media.psnr(cached[i]["output"], plain[i]["output"]) for i in plain]
-    computed = [cached[i]["metrics"]["computed_steps"] for i in cached]
-    speedup = b["throughput_rps"] / a["throughput_rps"]
-    done = f"{statistics.mean(computed):.1f}/{cfg['num_inference_steps']}"
-    log(f"  speedup {speedup:.2f}x, computed steps {done}, PSNR min {min(psnrs):.2f} dB")
-    log(f"  PSNR mean {statistics.mean(psnrs):.2f} dB")
-    return {
-        "uncached": a,
-        "cached": b,
-        "speedup": b["throughput_rps"] / a["throughput_rps"],
-        "psnr_db": psnrs,
-        "computed_steps": computed,
-        "options": options,
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller workload to check the script")
@@ -365,19 +331,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--short-frames", type=int, default=9)
     parser.add_argument("--overhead-repeats", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--sections", default="1,2,3,4")
-    parser.add_argument("--cache-model", default=None, help="a trained Wan pipeline directory for section 4")
+    parser.add_argument("--sections", default="1,2,3")
+    parser.add_argument("--model", default=None, help="a Wan pipeline directory instead of the random one")
     parser.add_argument(
-        "--cache-call", default='{"height": 32, "width": 32, "num_frames": 9, "num_inference_steps": 20}'
+        "--demo-captions", action="store_true", help="prompts: the demo model's held-out captions"
     )
-    parser.add_argument("--cache-options", default='{"residual_diff_threshold": 0.12, "max_warmup_steps": 4}')
+    parser.add_argument(
+        "--cache-options", default="fixed", help="cache-dit options as JSON, or 'fixed' (a fixed schedule)"
+    )
     parser.add_argument("--json", default=None, help="write all figures here")
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.frames, args.size, args.steps = 3, 9, 64, 6
         args.long_frames, args.overhead_repeats = 17, 1
     torch.set_num_threads(args.threads)
-    model = str(wan_bench_dir(args.dim, args.heads, args.layers, args.ffn))
+    model = args.model or str(wan_bench_dir(args.dim, args.heads, args.layers, args.ffn))
+    if args.demo_captions:
+        from omnistage.demo.evaluate import held_out_scenes
+
+        PROMPTS[:] = [scene.caption for scene in held_out_scenes(1)[1]]
     pipe = plain_pipeline(model)
     args.step_s = step_time(pipe, args.frames, args.size, args.msl)
     log(f"model {model}\nload average {os.getloadavg()}, torch threads {args.threads}")
@@ -390,8 +362,6 @@ def main(argv: list[str] | None = None) -> int:
         report["poisson"] = poisson(model, args, pipe)
     if 3 in sections:
         report["short_latency"] = short_latency(model, args, pipe)
-    if 4 in sections:
-        report["trained_cache"] = trained_cache(args)
     report["load_after"] = os.getloadavg()
     log(f"\nload average after: {report['load_after']}")
     if args.json:
