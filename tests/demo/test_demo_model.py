@@ -11,9 +11,6 @@ from omnistage.demo.model import demo_model_dir
 pytestmark = pytest.mark.engine
 
 MAX_BYTES = 30 * 1024 * 1024
-# The quality bar of issue 7 (colour, shape, motion, cache-dit reuse) is measured by
-# `omnistage demo train --phases eval`, not here: the committed weights (DiT step 200) do not meet it yet,
-# and a test that is never run would only pretend to hold it.
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +31,21 @@ def test_directory_is_a_standard_wan_pipeline(pipe):
     assert pipe.transformer.config.num_layers >= 9  # cache-dit's default DBCache computes 8 front blocks
     weights = sum(p.stat().st_size for p in demo_model_dir().rglob("*.safetensors"))
     assert 0 < weights <= MAX_BYTES
+
+
+def test_images_take_the_colour_their_held_out_captions_name(pipe):
+    """Held-out captions (colour x shape x position combinations the trainer never saw), the pipeline's
+    default steps and guidance: the colour is right in at least 80% (issue 7's bar). Shape, position and
+    motion are scored by `omnistage demo train --phases eval`; the committed weights do not reach the bar
+    there yet, so they are reported, not asserted (see docs/demo_model.md)."""
+    from omnistage.demo.evaluate import generate, held_out_scenes, score_images
+
+    scenes = held_out_scenes(1)[0]
+    frames = generate(pipe, [scene.caption for scene in scenes], num_frames=1)
+    assert frames.shape == (len(scenes), 1, 32, 32, 3)
+    scores = score_images(frames, scenes)
+    print("held-out images:", scores)
+    assert scores["colour"] >= 0.8
 
 
 def test_omnistage_serves_it_as_images_and_clips_at_its_native_size():
