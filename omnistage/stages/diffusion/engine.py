@@ -60,8 +60,9 @@ ENGINE_ARGS = {
 def default_token_budget(device: str) -> int | None:
     """On a CPU a forward over k requests costs about k forwards over one (measured: batching gains 5-7%
     there), so sharing a forward only makes every member finish as late as the last; running the most urgent
-    request alone lets short requests finish first (9-frame p50 5.6x vs 2.6x better than FCFS behind an
-    81-frame video). An accelerator has spare width, so there requests share forwards freely."""
+    request alone lets short requests finish first (9-frame p50 behind an 81-frame video, vs FCFS: 5.6x
+    against 2.6x for shared forwards on the loaded machine, 4.85x against 4.93x on the quiet one, see
+    benchmarks/RESULTS.md). An accelerator has spare width, so there requests share forwards freely."""
     return 1 if torch.device(device).type == "cpu" else None
 
 
