@@ -5,19 +5,16 @@ import torch
 
 from omnistage.demo import architecture
 from omnistage.demo.text_conditioning import collapsed_padding, encode_captions
+from omnistage.demo.trainer import Components
 
 pytestmark = pytest.mark.unit
 
 
 def test_collapsed_padding_equals_pipeline_padding():
-    torch.manual_seed(0)
     arch = architecture.DemoArchitecture.tiny()
-    tokenizer = architecture.build_tokenizer()
-    text_encoder = architecture.build_text_encoder(arch, len(tokenizer))
-    transformer = architecture.build_transformer(arch)
-    pipe = architecture.assemble_pipeline(
-        tokenizer, text_encoder, architecture.build_vae(arch), transformer, architecture.build_scheduler(arch)
-    )
+    parts = Components.build(arch, seed=0)
+    tokenizer, text_encoder, transformer = parts.tokenizer, parts.text_encoder, parts.transformer
+    pipe = architecture.assemble_pipeline(tokenizer, text_encoder, parts.vae, transformer, parts.scheduler)
     captions = ["a red circle on the left on a blue background", "two squares", ""]
     with torch.no_grad():
         padded, _ = pipe.encode_prompt(

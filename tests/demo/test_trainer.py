@@ -35,11 +35,9 @@ def test_every_phase_runs_resumes_and_exports(tmp_path):
 
 def test_flow_matching_fits_a_batch():
     """A few optimizer steps on one batch lower the loss: objective, padding and text path are connected."""
-    torch.manual_seed(0)
     arch = architecture.DemoArchitecture.tiny()
-    tokenizer = architecture.build_tokenizer()
-    text_encoder = architecture.build_text_encoder(arch, len(tokenizer))
-    transformer = architecture.build_transformer(arch)
+    parts = trainer.Components.build(arch, seed=0)
+    tokenizer, text_encoder, transformer = parts.tokenizer, parts.text_encoder, parts.transformer
     latents = LatentSet(
         torch.randn(4, arch.vae_z_dim, 1, 8, 8).half(), ["a red circle", "two blue squares", "a", ""]
     )
