@@ -36,10 +36,10 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class DitTraining:
-    steps: int = 4000
+    steps: int = 5000
     stop_at: int | None = None  # end this run at that step, the schedule still planned for `steps`
-    images_per_step: int = 24
-    clips_per_step: int = 6
+    images_per_step: int = 16
+    clips_per_step: int = 5
     lr: float = 3e-4
     warmup: int = 200
     ema_decay: float = 0.999

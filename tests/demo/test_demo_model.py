@@ -35,9 +35,9 @@ def test_directory_is_a_standard_wan_pipeline(pipe):
 
 def test_images_take_the_colour_their_held_out_captions_name(pipe):
     """Held-out captions (colour x shape x position combinations the trainer never saw), the pipeline's
-    default steps and guidance: the colour is right in at least 80% (issue 7's bar). Shape, position and
-    motion are scored by `omnistage demo train --phases eval`; the committed weights do not reach the bar
-    there yet, so they are reported, not asserted (see docs/demo_model.md)."""
+    default steps and guidance: the colour is right in at least 80% (issue 7's bar). Shape, count and
+    position are scored by `omnistage demo train --phases eval`; shape does not reach its bar (60%) there
+    yet, so it is reported, not asserted (see docs/demo_model.md)."""
     from omnistage.demo.evaluate import generate, held_out_scenes, score_images
 
     scenes = held_out_scenes(1)[0]
@@ -46,6 +46,20 @@ def test_images_take_the_colour_their_held_out_captions_name(pipe):
     scores = score_images(frames, scenes)
     print("held-out images:", scores)
     assert scores["colour"] >= 0.8
+
+
+def test_clips_move_the_way_their_held_out_captions_say(pipe):
+    """Held-out (colour, shape, direction) captions, 9 frames: the shape's centroid moves the stated way in
+    at least 70% of clips (issue 7's bar), measured on the pixels. 20 steps keep the test short; the
+    evaluation at the default 50 steps scores higher (docs/demo_model.md)."""
+    from omnistage.demo.evaluate import generate, held_out_scenes, score_clips
+
+    scenes = held_out_scenes(1)[1]
+    frames = generate(pipe, [scene.caption for scene in scenes], num_frames=scenes[0].num_frames, steps=20)
+    assert frames.shape == (len(scenes), 9, 32, 32, 3)
+    scores = score_clips(frames, scenes)
+    print("held-out clips:", scores)
+    assert scores["motion"] >= 0.7
 
 
 def test_omnistage_serves_it_as_images_and_clips_at_its_native_size():
