@@ -28,6 +28,13 @@ def load_state(path: Path, states: dict[str, Any]) -> int:
         return 0
     payload = torch.load(path, map_location="cpu", weights_only=False)
     for name, obj in states.items():
-        obj.load_state_dict(payload[name])
+        try:
+            obj.load_state_dict(payload[name])
+        except (RuntimeError, ValueError, KeyError) as error:
+            raise RuntimeError(
+                f"{path} does not fit this run's {name} (saved by another model configuration, e.g. the "
+                f"demo's earlier architecture): move it away to start over, or pass another --workdir. "
+                f"({error})"
+            ) from error
     logger.info("resumed %s at step %d", path.name, payload["step"])
     return int(payload["step"])

@@ -7,6 +7,7 @@ import torch
 from diffusers import DiffusionPipeline
 
 from omnistage.demo import architecture, trainer
+from omnistage.demo.checkpoint import load_state, save_state
 from omnistage.demo.dit_training import LatentSet, flow_matching_loss
 from omnistage.demo.text_conditioning import encode_captions
 from omnistage.demo.vae_training import decode_unclamped
@@ -73,3 +74,14 @@ def test_unclamped_decode_matches_diffusers_decode():
     assert unclamped.shape == reference.shape == (2, 3, 9, 32, 32)
     assert unclamped.abs().max() > 1  # a random decoder overshoots, so the clamp matters
     torch.testing.assert_close(unclamped.clamp(-1, 1), reference)
+
+
+def test_a_checkpoint_from_another_configuration_is_named_not_loaded(tmp_path):
+    """A workdir left by an earlier architecture (the DiT went from patch 2 to patch 1) must not resume into
+    a size-mismatch traceback: the error names the file and what to do."""
+    path = tmp_path / "dit_state.pt"
+    save_state(path, 7, {"transformer": torch.nn.Linear(2, 3)})
+    with pytest.raises(RuntimeError, match="dit_state.pt does not fit this run's transformer"):
+        load_state(path, {"transformer": torch.nn.Linear(2, 4)})
+    resumed = torch.nn.Linear(2, 3)
+    assert load_state(path, {"transformer": resumed}) == 7
