@@ -5,7 +5,8 @@
   pixels by `measure`.
 - clips: held-out (colour, shape, direction) captions at 9 frames; the motion is the centroid's travel.
 - cache: cache-dit DBCache at its defaults on 20-step generations: the fraction of transformer calls served
-  from cache, and the PSNR of the cached images against the uncached ones (same seeds).
+  from cache, the PSNR of the cached images against the uncached ones (same seeds), and the per-step
+  change of the residual DBCache compares.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ logger = logging.getLogger(__name__)
 PIPELINE_DEFAULT_STEPS = 50  # WanPipeline.__call__'s default num_inference_steps
 PIPELINE_DEFAULT_GUIDANCE = 5.0  # and its default guidance_scale
 CACHE_STEPS = 20
+DBCACHE_FRONT_BLOCKS = 8  # cache_dit.DBCacheConfig().Fn_compute_blocks
 
 
 def generate(
@@ -106,14 +108,52 @@ def quality_report(
     }
 
 
+class FrontResidualRecorder:
+    """Records, per transformer call, what DBCache compares between steps: the residual the first
+    `front_blocks` blocks add to the hidden states (its `Fn` residual)."""
+
+    def __init__(self, transformer: torch.nn.Module, front_blocks: int = DBCACHE_FRONT_BLOCKS) -> None:
+        self.residuals: list[torch.Tensor] = []
+        blocks = transformer.blocks
+        self._hooks = [
+            blocks[0].register_forward_pre_hook(self._entering, with_kwargs=True),
+            blocks[front_blocks - 1].register_forward_hook(self._leaving),
+        ]
+
+    def _entering(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        self._input = (args[0] if args else kwargs["hidden_states"]).detach().clone()
+
+    def _leaving(self, module: torch.nn.Module, args: tuple, output: torch.Tensor) -> None:
+        self.residuals.append(output.detach() - self._input)
+
+    def step_changes(self) -> list[float]:
+        """Relative L1 change of the conditional calls' residual from each step to the next (the calls
+        alternate conditional / unconditional under guidance, as DBCache's separate-CFG mode sees them)."""
+        cond = self.residuals[0::2]
+        return [float((b - a).abs().mean() / a.abs().mean()) for a, b in zip(cond, cond[1:], strict=False)]
+
+    def close(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+
+
 def cache_report(
     pipe_dir: Path, captions: list[str], num_frames: int = 1, steps: int = CACHE_STEPS
 ) -> dict[str, Any]:
-    """DBCache at its defaults vs no cache, one caption per call (what one request sees)."""
+    """DBCache at its defaults vs no cache, one caption per call (what one request sees).
+
+    Also reports, step by step, how much the residual DBCache compares changes between consecutive
+    uncached steps: DBCache reuses a step when that change, measured against the last computed step,
+    stays under its threshold, so this profile says why a model caches as much as it does."""
     import cache_dit
 
     plain = DiffusionPipeline.from_pretrained(pipe_dir)
-    reference = [generate(plain, [c], num_frames, steps=steps, seed=i) for i, c in enumerate(captions)]
+    reference, changes = [], []
+    for i, caption in enumerate(captions):
+        recorder = FrontResidualRecorder(plain.transformer)
+        reference.append(generate(plain, [caption], num_frames, steps=steps, seed=i))
+        changes.append(recorder.step_changes())
+        recorder.close()
     cached_pipe = DiffusionPipeline.from_pretrained(pipe_dir)
     cache_dit.enable_cache(cached_pipe, cache_config=cache_dit.DBCacheConfig())
     fractions, scores = [], []
@@ -133,6 +173,7 @@ def cache_report(
         "cached_fraction_min": float(np.min(fractions)),
         "psnr_db_mean": float(np.mean(finite)) if finite else math.inf,
         "psnr_db_min": float(np.min(finite)) if finite else math.inf,
+        "front_residual_change_by_step": [round(float(x), 3) for x in np.mean(changes, axis=0)],
     }
 
 

@@ -33,11 +33,11 @@ def test_directory_is_a_standard_wan_pipeline(pipe):
     assert 0 < weights <= MAX_BYTES
 
 
-def test_images_take_the_colour_their_held_out_captions_name(pipe):
+def test_images_take_the_colour_and_place_their_held_out_captions_name(pipe):
     """Held-out captions (colour x shape x position combinations the trainer never saw), the pipeline's
-    default steps and guidance: the colour is right in at least 80% (issue 7's bar). Shape, count and
-    position are scored by `omnistage demo train --phases eval`; shape does not reach its bar (60%) there
-    yet, so it is reported, not asserted (see docs/demo_model.md)."""
+    default steps and guidance: the colour is right in at least 80% (issue 7's bar) and the position (one
+    of nine cells, chance 11%) in at least 60%. Shape does not reach its bar (60%) yet, so it is reported,
+    not asserted (see docs/demo_model.md)."""
     from omnistage.demo.evaluate import generate, held_out_scenes, score_images
 
     scenes = held_out_scenes(1)[0]
@@ -46,6 +46,7 @@ def test_images_take_the_colour_their_held_out_captions_name(pipe):
     scores = score_images(frames, scenes)
     print("held-out images:", scores)
     assert scores["colour"] >= 0.8
+    assert scores["position"] >= 0.6
 
 
 def test_clips_move_the_way_their_held_out_captions_say(pipe):
@@ -60,6 +61,23 @@ def test_clips_move_the_way_their_held_out_captions_say(pipe):
     scores = score_clips(frames, scenes)
     print("held-out clips:", scores)
     assert scores["motion"] >= 0.7
+
+
+def test_dbcache_at_its_defaults_reuses_steps_of_the_trained_model_and_keeps_the_image():
+    """cache-dit's DBCache with every default, 20 steps, on two held-out captions: the trained model's
+    trajectory is smooth enough that some transformer calls come from cache (a random model's never do),
+    the cached images stay close to the uncached ones, and the recorded residual profile is the one DBCache
+    judged (19 step-to-step changes, largest at the ends of the trajectory, smallest in the middle)."""
+    from omnistage.demo.evaluate import cache_report, held_out_scenes
+
+    report = cache_report(demo_model_dir(), [scene.caption for scene in held_out_scenes(1)[0][:2]])
+    print("cache report:", report)
+    assert report["cached_fraction_min"] > 0
+    assert report["psnr_db_min"] >= 30
+    profile = report["front_residual_change_by_step"]
+    assert len(profile) == 19
+    middle = min(profile[5:14])
+    assert profile[0] > middle and profile[-1] > middle
 
 
 def test_omnistage_serves_it_as_images_and_clips_at_its_native_size():
