@@ -66,8 +66,8 @@ def test_clips_move_the_way_their_held_out_captions_say(pipe):
 def test_dbcache_at_its_defaults_reuses_steps_of_the_trained_model_and_keeps_the_image():
     """cache-dit's DBCache with every default, 20 steps, on two held-out captions: the trained model's
     trajectory is smooth enough that some transformer calls come from cache (a random model's never do),
-    the cached images stay close to the uncached ones, and the recorded residual profile is the one DBCache
-    judged (19 step-to-step changes, largest at the ends of the trajectory, smallest in the middle)."""
+    the cached images stay close to the uncached ones, and the profile of what DBCache compares (recorded on
+    the uncached run) has 19 step-to-step changes, larger at the ends of the trajectory than in the middle."""
     from omnistage.demo.evaluate import cache_report, held_out_scenes
 
     report = cache_report(demo_model_dir(), [scene.caption for scene in held_out_scenes(1)[0][:2]])
