@@ -8,8 +8,9 @@ Wan checkpoint. The sizes are what trains in a few hours on two CPU cores:
 - DiT: patch 1 (64 tokens per latent frame, a token per 4x4 pixels), 12 blocks so cache-dit's default
   DBCache (8 front blocks always computed) has blocks left to skip. Patch 2 (16 tokens per frame, each
   covering 8x8 pixels) trained 2.4x faster per step but drew colour blobs, not shapes: a 9-13 pixel shape
-  spanned one or two tokens, so its outline had to come out of a single token's projection. Patch 1 gets
-  the held-out shape right half the time against a third, and motion 86% against 23% (docs/demo_model.md).
+  spanned one or two tokens, so its outline had to come out of a single token's projection. At the same
+  4000-5000 steps patch 1 got the held-out shape right half the time against a third, and motion 86% against
+  23% (docs/demo_model.md has the figures of the committed weights).
 - Text: a word-level tokenizer over the caption vocabulary with T5's special ids, and a 2-layer UMT5.
 """
 

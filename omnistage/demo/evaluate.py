@@ -28,7 +28,6 @@ logger = logging.getLogger(__name__)
 PIPELINE_DEFAULT_STEPS = 50  # WanPipeline.__call__'s default num_inference_steps
 PIPELINE_DEFAULT_GUIDANCE = 5.0  # and its default guidance_scale
 CACHE_STEPS = 20
-DBCACHE_FRONT_BLOCKS = 8  # cache_dit.DBCacheConfig().Fn_compute_blocks
 
 
 def generate(
@@ -112,7 +111,7 @@ class FrontResidualRecorder:
     """Records, per transformer call, what DBCache compares between steps: the residual the first
     `front_blocks` blocks add to the hidden states (its `Fn` residual)."""
 
-    def __init__(self, transformer: torch.nn.Module, front_blocks: int = DBCACHE_FRONT_BLOCKS) -> None:
+    def __init__(self, transformer: torch.nn.Module, front_blocks: int) -> None:
         self.residuals: list[torch.Tensor] = []
         blocks = transformer.blocks
         self._hooks = [
@@ -150,7 +149,7 @@ def cache_report(
     plain = DiffusionPipeline.from_pretrained(pipe_dir)
     reference, changes = [], []
     for i, caption in enumerate(captions):
-        recorder = FrontResidualRecorder(plain.transformer)
+        recorder = FrontResidualRecorder(plain.transformer, cache_dit.DBCacheConfig().Fn_compute_blocks)
         reference.append(generate(plain, [caption], num_frames, steps=steps, seed=i))
         changes.append(recorder.step_changes())
         recorder.close()
