@@ -5,7 +5,8 @@ Every figure is measured in one run, on one model, with the same seeds:
   1. overhead at concurrency 1 — one request at a time: plain `pipe(...)` vs request mode vs step mode;
   2. Poisson workload — N requests (33 frames, 128x128, 20 steps) arriving as a Poisson process: throughput
      and p50/p99 latency for sequential plain calls (first come, first served), request mode, step mode, and
-     step mode + cache-dit (PSNR of each cached output against the uncached one);
+     step mode + cache-dit (PSNR of each cached output against the uncached one). All modes run in
+     interleaved rounds (`--rounds`), each compared with plain from its own round; the median is reported;
   3. short-request latency — one 81-frame and seven 9-frame requests: p50 latency of the 9-frame requests,
      step mode (shortest-remaining-work-first) vs first-come-first-served whole-request execution.
 
@@ -13,7 +14,8 @@ The model is a random-weight Wan checkpoint sized by --dim/--heads/--layers/--ff
 directory (--model; e.g. the trained demo model, with --demo-captions for prompts it knows). cache-dit:
 a random model's residuals never fall under a threshold, so by default section 2 caches on a fixed schedule
 (`--cache-options fixed`); on a trained model pass DBCache options (JSON) and the model's own residuals
-decide which steps are reused, e.g. `--cache-options '{"residual_diff_threshold": 0.12}'`.
+decide which steps are reused, e.g. `--cache-options '{"max_continuous_cached_steps": 2}'`; a JSON list of
+option sets runs one cached mode per set, interleaved with the others.
 
 The engine is driven in-process, the way the stage worker drives it: requests are added when their arrival
 time has passed, and `step()` runs while there is work. Latency = finish time - arrival time.
@@ -225,54 +227,98 @@ def overhead(model: str, args, pipe) -> dict:
 
 def poisson(model: str, args, pipe) -> dict:
     shape = f"{args.frames} frames, {args.size}x{args.size}, {args.steps} steps"
-    log(f"\n[2] Poisson workload: {args.requests} requests, {shape}")
+    log(f"\n[2] Poisson workload: {args.requests} requests, {shape}, {args.rounds} rounds")
     service = args.step_s * args.steps
     gaps = poisson_arrivals(args.requests, mean_gap_s=args.load * service, seed=args.seed)
     jobs = [job(i, t, args.frames, args.size, args.steps, args.msl) for i, t in enumerate(gaps)]
     log(f"  mean inter-arrival {args.load * service:.2f} s (= {args.load} x one request's service time)")
-    rows = []
-    warm(lambda j: run_plain(pipe, j), jobs)
-    plain = run_plain(pipe, jobs)
-    rows.append(summarize("plain diffusers (sequential)", plain, jobs))
     request_engine = make_engine(model, args.threads, args.max_num_seqs, execution="request")
-    warm(lambda j: run_engine(request_engine, j), jobs)
-    request_mode = run_engine(request_engine, jobs)
-    rows.append(summarize("omnistage request mode", request_mode, jobs))
     step_engine = make_engine(model, args.threads, args.max_num_seqs, execution="step")
-    warm(lambda j: run_engine(step_engine, j), jobs)
-    step_mode = run_engine(step_engine, jobs)
-    rows.append(summarize("omnistage step mode", step_mode, jobs))
-    cache = {"cache": "cache_dit", "cache_options": cache_options(args)}
-    warm(lambda j: run_engine(step_engine, j, cache), jobs)
-    cached = run_engine(step_engine, jobs, cache)
-    rows.append(summarize("omnistage step mode + cache-dit", cached, jobs))
-    psnrs = [media.psnr(cached[i]["output"], step_mode[i]["output"]) for i in step_mode]
-    computed = [cached[i]["metrics"]["computed_steps"] for i in cached]
-    base = rows[0]["throughput_rps"]
+    modes = {
+        "plain diffusers (sequential)": lambda js: run_plain(pipe, js),
+        "omnistage request mode": lambda js: run_engine(request_engine, js),
+        "omnistage step mode": lambda js: run_engine(step_engine, js),
+    }
+    settings = cache_options(args)
+    cached_names = {}  # mode name -> the cache-dit options it runs with
+    for options in settings:
+        name = "omnistage step mode + cache-dit" + (f" {json.dumps(options)}" if len(settings) > 1 else "")
+        cache = {"cache": "cache_dit", "cache_options": options}
+        modes[name] = lambda js, cache=cache: run_engine(step_engine, js, cache)
+        cached_names[name] = options
+    names = list(modes)
+    plain_name, step_name = names[0], names[2]
+    for run in modes.values():
+        warm(run, jobs)
+    # The machine's speed drifts over minutes (other load, clocks), by more than the effects measured, so
+    # the modes run interleaved: every round runs all of them, starting one mode later than the round before,
+    # and each mode is compared with plain from its own round.
+    rounds = []
+    for r in range(args.rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        log(f"  round {r + 1}/{args.rounds}")
+        results = {name: modes[name](jobs) for name in order}
+        rows = {name: summarize(name, results[name], jobs) for name in order}
+        base = rows[plain_name]["throughput_rps"]
+        for row in rows.values():
+            row["throughput_vs_plain"] = row["throughput_rps"] / base
+        log("    vs plain: " + ", ".join(f"{n} {rows[n]['throughput_vs_plain']:.2f}x" for n in names[1:]))
+        rounds.append({"order": order, "rows": [rows[n] for n in names], "results": results})
+    rows = []
+    for k, name in enumerate(names):
+        ratios = [rnd["rows"][k]["throughput_vs_plain"] for rnd in rounds]
+        rows.append(
+            {
+                "name": name,
+                "throughput_vs_plain": statistics.median(ratios),
+                "throughput_vs_plain_by_round": ratios,
+                "throughput_rps": statistics.median(rnd["rows"][k]["throughput_rps"] for rnd in rounds),
+                "p50_s": statistics.median(rnd["rows"][k]["p50_s"] for rnd in rounds),
+                "p99_s": statistics.median(rnd["rows"][k]["p99_s"] for rnd in rounds),
+            }
+        )
+    log(f"  median of {args.rounds} rounds:")
     for row in rows:
-        row["throughput_vs_plain"] = row["throughput_rps"] / base
-    log(
-        "  throughput vs plain: "
-        + ", ".join(f"{r['name']} {r['throughput_vs_plain']:.2f}x" for r in rows[1:])
-    )
-    done = f"{statistics.mean(computed):.1f}/{args.steps} steps computed"
-    log(f"  cache-dit ({args.cache_options}; {done}): PSNR vs uncached min {min(psnrs):.2f} dB")
-    log(f"  cache-dit PSNR mean {statistics.mean(psnrs):.2f} dB")
+        by_round = " ".join(f"{x:.2f}" for x in row["throughput_vs_plain_by_round"])
+        log(
+            f"  {row['name']:<32} {row['throughput_vs_plain']:.2f}x plain (rounds: {by_round})   "
+            f"{row['throughput_rps']:.4f} req/s   p50 {row['p50_s']:7.2f} s   p99 {row['p99_s']:7.2f} s"
+        )
+    last = rounds[-1]["results"]
+    step_mode, plain = last[step_name], last[plain_name]
+    caching = []
+    for name, options in cached_names.items():
+        cached = last[name]
+        psnrs = [media.psnr(cached[i]["output"], step_mode[i]["output"]) for i in step_mode]
+        computed = [cached[i]["metrics"]["computed_steps"] for i in cached]
+        done = f"{statistics.mean(computed):.1f}/{args.steps} steps computed"
+        psnr = f"mean {statistics.mean(psnrs):.2f} dB, min {min(psnrs):.2f} dB"
+        log(f"  cache-dit {json.dumps(options)} ({done}): PSNR vs uncached {psnr}")
+        caching.append({"name": name, "options": options, "psnr_db": psnrs, "computed_steps": computed})
     exact = max(float(np.abs(step_mode[i]["output"] - plain[i]["output"]).max()) for i in plain)
     log(f"  step mode vs plain outputs: max abs diff {exact:.2e}")
-    return {"rows": rows, "psnr_db": psnrs, "computed_steps": computed, "step_vs_plain_max_abs_diff": exact}
+    for rnd in rounds:
+        del rnd["results"]
+    return {
+        "rows": rows,
+        "rounds": rounds,
+        "cache_dit": caching,
+        "step_vs_plain_max_abs_diff": exact,
+    }
 
 
-def cache_options(args) -> dict:
+def cache_options(args) -> list[dict]:
+    """The cache-dit option sets to run: one JSON object, a JSON list of them, or the fixed schedule."""
     if args.cache_options != "fixed":
-        return json.loads(args.cache_options)
+        options = json.loads(args.cache_options)
+        return options if isinstance(options, list) else [options]
     steps = args.steps
     mask = (
         FIXED_MASK_20
         if steps == 20
         else [1 if i < 2 or i == steps - 1 or i % 3 == 0 else 0 for i in range(steps)]
     )
-    return {"steps_computation_mask": mask, "steps_computation_policy": "static", "max_warmup_steps": 0}
+    return [{"steps_computation_mask": mask, "steps_computation_policy": "static", "max_warmup_steps": 0}]
 
 
 def short_latency(model: str, args, pipe) -> dict:
@@ -331,19 +377,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--short-frames", type=int, default=9)
     parser.add_argument("--overhead-repeats", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=3, help="section 2: interleaved rounds of all modes")
     parser.add_argument("--sections", default="1,2,3")
     parser.add_argument("--model", default=None, help="a Wan pipeline directory instead of the random one")
     parser.add_argument(
         "--demo-captions", action="store_true", help="prompts: the demo model's held-out captions"
     )
     parser.add_argument(
-        "--cache-options", default="fixed", help="cache-dit options as JSON, or 'fixed' (a fixed schedule)"
+        "--cache-options",
+        default="fixed",
+        help="cache-dit options as JSON (an object, or a list of objects: one cached mode each), or 'fixed'",
     )
     parser.add_argument("--json", default=None, help="write all figures here")
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.frames, args.size, args.steps = 3, 9, 64, 6
-        args.long_frames, args.overhead_repeats = 17, 1
+        args.long_frames, args.overhead_repeats, args.rounds = 17, 1, 2
     torch.set_num_threads(args.threads)
     model = args.model or str(wan_bench_dir(args.dim, args.heads, args.layers, args.ffn))
     if args.demo_captions:
