@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--msl", type=int, default=64, help="text sequence length")
     parser.add_argument("--max-num-seqs", type=int, default=4)
     parser.add_argument(
-        "--load", type=float, default=0.5, help="mean inter-arrival / one request's service time"
+        "--load", type=float, default=0.25, help="mean inter-arrival / one request's service time"
     )
     parser.add_argument("--long-frames", type=int, default=81)
     parser.add_argument("--short-frames", type=int, default=9)

@@ -113,6 +113,8 @@ async def run_omnistage(model_dir: str, texts: list[str], args: argparse.Namespa
     started = time.perf_counter()
     overrides = {str(i): {"max_num_seqs": args.concurrency} for i in range(3)}
     overrides["2"]["async_chunk"] = async_chunk
+    for i, threads in enumerate(args.stage_threads):
+        overrides[str(i)]["num_threads"] = threads
     omni = AsyncOmni(model_dir, stage_overrides=overrides)
     print(f"{name}: stages ready in {time.perf_counter() - started:.1f} s", flush=True)
     params = [
@@ -190,6 +192,13 @@ def main() -> None:
         default=os.cpu_count(),
         help="torch threads for the transformers baseline (default: every core, as omnistage's stage "
         "processes together use every core)",
+    )
+    parser.add_argument(
+        "--stage-threads",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[],
+        help="torch threads of the thinker, talker and code2wav processes, e.g. 1,1,2 (default: the "
+        "deployment's)",
     )
     args = parser.parse_args()
     model_dir = str(qwen2_5_omni_dir(args.size))
