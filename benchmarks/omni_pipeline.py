@@ -6,8 +6,8 @@ work: greedy decoding, exactly `--thinker-tokens` text tokens and `--talker-toke
 
 - baseline: `Qwen2_5OmniForConditionalGeneration.generate(return_audio=True)`, one request at a time (the
   baseline of the vLLM-Omni paper), with every core;
-- omnistage full handoff: the default deployment (thinker, talker, code2wav in three processes) with
-  code2wav decoding each request once its codes are complete;
+- omnistage full handoff: the default deployment (thinker, talker and two code2wav replicas, one process
+  each) with code2wav decoding each request once its codes are complete;
 - omnistage async chunk: the same, with code2wav decoding chunks while the talker is still speaking.
 Every omnistage stage serves at most `--concurrency` requests at once (its `max_num_seqs`). Arrival,
 `--arrival`:
@@ -115,6 +115,8 @@ async def run_omnistage(model_dir: str, texts: list[str], args: argparse.Namespa
     overrides["2"]["async_chunk"] = async_chunk
     for i, threads in enumerate(args.stage_threads):
         overrides[str(i)]["num_threads"] = threads
+    for i, replicas in enumerate(args.stage_replicas):
+        overrides[str(i)]["replicas"] = replicas
     omni = AsyncOmni(model_dir, stage_overrides=overrides)
     print(f"{name}: stages ready in {time.perf_counter() - started:.1f} s", flush=True)
     params = [
@@ -199,6 +201,12 @@ def main() -> None:
         default=[],
         help="torch threads of the thinker, talker and code2wav processes, e.g. 1,1,2 (default: the "
         "deployment's)",
+    )
+    parser.add_argument(
+        "--stage-replicas",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[],
+        help="processes of the thinker, talker and code2wav, e.g. 1,1,2 (default: the deployment's)",
     )
     args = parser.parse_args()
     model_dir = str(qwen2_5_omni_dir(args.size))

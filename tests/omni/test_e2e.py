@@ -16,14 +16,21 @@ async def collect(omni, prompt, params=None, modalities=None):
 
 
 async def started(omni) -> dict[int, int]:
-    stats = await omni.stats()
-    return {s["stage_id"]: s["result"]["requests_started"] for s in stats["stages"]}
+    """Requests each stage has started, summed over its replicas."""
+    totals: dict[int, int] = {}
+    for s in (await omni.stats())["stages"]:
+        totals[s["stage_id"]] = totals.get(s["stage_id"], 0) + s["result"]["requests_started"]
+    return totals
 
 
 async def test_default_deploy_streams_audio_and_skips_speech_for_text_only(omni_dir, references):
-    """Three processes, async chunk: audio arrives in pieces while the talker still speaks."""
+    """One process per stage replica (code2wav has two), async chunk: audio arrives in pieces while the talker
+    still speaks."""
     async with AsyncOmni(str(omni_dir)) as omni:
-        assert [s["alive"] for s in omni.health()["stages"]] == [True, True, True]
+        stages = omni.health()["stages"]
+        assert [s["alive"] for s in stages] == [True, True, True]
+        assert [len(s["replicas"]) for s in stages] == [1, 1, 2]
+        assert len({r["pid"] for s in stages for r in s["replicas"]}) == 4
         ref = references["text"]
         outs = await collect(omni, PROMPTS["text"], greedy_params())
         final = outs[-1]
