@@ -195,19 +195,11 @@ def main() -> None:
         help="torch threads for the transformers baseline (default: every core, as omnistage's stage "
         "processes together use every core)",
     )
-    parser.add_argument(
-        "--stage-threads",
-        type=lambda text: [int(n) for n in text.split(",")],
-        default=[],
-        help="torch threads of the thinker, talker and code2wav processes, e.g. 1,1,2 (default: the "
-        "deployment's)",
-    )
-    parser.add_argument(
-        "--stage-replicas",
-        type=lambda text: [int(n) for n in text.split(",")],
-        default=[],
-        help="processes of the thinker, talker and code2wav, e.g. 1,1,2 (default: the deployment's)",
-    )
+    # Per-stage deployment overrides (thinker, talker, code2wav), e.g. 1,1,2; default: the deployment's.
+    for flag, what in (("--stage-threads", "torch threads"), ("--stage-replicas", "processes (replicas)")):
+        parser.add_argument(
+            flag, type=lambda text: [int(n) for n in text.split(",")], default=[], help=f"{what} per stage"
+        )
     args = parser.parse_args()
     model_dir = str(qwen2_5_omni_dir(args.size))
     texts = prompts(args.requests)
