@@ -253,17 +253,17 @@ def poisson(model: str, args, pipe) -> dict:
     # The machine's speed drifts over minutes (other load, clocks), by more than the effects measured, so
     # the modes run interleaved: every round runs all of them, starting one mode later than the round before,
     # and each mode is compared with plain from its own round.
-    rounds = []
+    rounds, last = [], {}  # last: the outputs of the latest round (for PSNR and the exactness check)
     for r in range(args.rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
         log(f"  round {r + 1}/{args.rounds}")
-        results = {name: modes[name](jobs) for name in order}
-        rows = {name: summarize(name, results[name], jobs) for name in order}
+        last = {name: modes[name](jobs) for name in order}
+        rows = {name: summarize(name, last[name], jobs) for name in order}
         base = rows[plain_name]["throughput_rps"]
         for row in rows.values():
             row["throughput_vs_plain"] = row["throughput_rps"] / base
         log("    vs plain: " + ", ".join(f"{n} {rows[n]['throughput_vs_plain']:.2f}x" for n in names[1:]))
-        rounds.append({"order": order, "rows": [rows[n] for n in names], "results": results})
+        rounds.append({"order": order, "rows": [rows[n] for n in names]})
     rows = []
     for k, name in enumerate(names):
         ratios = [rnd["rows"][k]["throughput_vs_plain"] for rnd in rounds]
@@ -284,7 +284,6 @@ def poisson(model: str, args, pipe) -> dict:
             f"  {row['name']:<32} {row['throughput_vs_plain']:.2f}x plain (rounds: {by_round})   "
             f"{row['throughput_rps']:.4f} req/s   p50 {row['p50_s']:7.2f} s   p99 {row['p99_s']:7.2f} s"
         )
-    last = rounds[-1]["results"]
     step_mode, plain = last[step_name], last[plain_name]
     caching = []
     for name, options in cached_names.items():
@@ -297,8 +296,6 @@ def poisson(model: str, args, pipe) -> dict:
         caching.append({"name": name, "options": options, "psnr_db": psnrs, "computed_steps": computed})
     exact = max(float(np.abs(step_mode[i]["output"] - plain[i]["output"]).max()) for i in plain)
     log(f"  step mode vs plain outputs: max abs diff {exact:.2e}")
-    for rnd in rounds:
-        del rnd["results"]
     return {
         "rows": rows,
         "rounds": rounds,

@@ -150,9 +150,11 @@ def cache_report(
     reference, changes = [], []
     for i, caption in enumerate(captions):
         recorder = FrontResidualRecorder(plain.transformer, cache_dit.DBCacheConfig().Fn_compute_blocks)
-        reference.append(generate(plain, [caption], num_frames, steps=steps, seed=i))
-        changes.append(recorder.step_changes())
-        recorder.close()
+        try:
+            reference.append(generate(plain, [caption], num_frames, steps=steps, seed=i))
+            changes.append(recorder.step_changes())
+        finally:
+            recorder.close()
     cached_pipe = DiffusionPipeline.from_pretrained(pipe_dir)
     cache_dit.enable_cache(cached_pipe, cache_config=cache_dit.DBCacheConfig())
     fractions, scores = [], []
