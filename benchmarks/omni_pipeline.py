@@ -7,8 +7,10 @@ work: greedy decoding, exactly `--thinker-tokens` text tokens and `--talker-toke
 - baseline: `Qwen2_5OmniForConditionalGeneration.generate(return_audio=True)`, one request at a time (the
   baseline of the vLLM-Omni paper), with every core;
 - omnistage full handoff: the default deployment (thinker, talker and two code2wav replicas, one process
-  each) with code2wav decoding each request once its codes are complete;
-- omnistage async chunk: the same, with code2wav decoding chunks while the talker is still speaking.
+  each), every stage starting a request once the stage before it has finished it (code2wav decodes each
+  request once its codes are complete);
+- omnistage async chunk: the same, with the talker speaking while the thinker is still writing and
+  code2wav decoding chunks while the talker is still speaking.
 Every omnistage stage serves at most `--concurrency` requests at once (its `max_num_seqs`). Arrival,
 `--arrival`:
 - `closed` (default): the client keeps `--concurrency` requests in flight, sending the next when one
@@ -112,7 +114,7 @@ async def run_omnistage(model_dir: str, texts: list[str], args: argparse.Namespa
     name = "omnistage async chunk" if async_chunk else "omnistage full handoff"
     started = time.perf_counter()
     overrides = {str(i): {"max_num_seqs": args.concurrency} for i in range(3)}
-    overrides["2"]["async_chunk"] = async_chunk
+    overrides["1"]["async_chunk"] = overrides["2"]["async_chunk"] = async_chunk
     for i, threads in enumerate(args.stage_threads):
         overrides[str(i)]["num_threads"] = threads
     for i, replicas in enumerate(args.stage_replicas):

@@ -3,8 +3,9 @@
 - Stage 0, thinker: the real processor turns text, images, audio and video into token ids, merged
   embeddings and multimodal RoPE positions (in the thinker's process, where its encoders live); it answers
   in text and returns its hidden states for the talker.
-- Stage 1, talker: once the thinker has finished, its prompt and reply become the talker's inputs exactly
-  as `Qwen2_5OmniForConditionalGeneration.generate` builds them (models/qwen2_5_omni/talker.py); it samples
+- Stage 1, talker: the thinker's prompt and reply become the talker's inputs exactly as
+  `Qwen2_5OmniForConditionalGeneration.generate` builds them (models/qwen2_5_omni/talker.py), once the
+  thinker has finished (full handoff) or row by row while it writes (async chunk); it samples
   speech codec tokens with the reference's constraints (codec BOS suppressed, codec pad/end stop it) and
   the chosen speaker's text BOS (`prompt["speaker"]`, default Chelsie).
 - Stage 2, code2wav: the DiT + BigVGAN vocoder turn codes into 24 kHz audio, in one pass at the end
@@ -77,6 +78,40 @@ def talker_input(ctx: StageInputContext) -> StageRequest:
     return StageRequest(ctx.request_id, prompt=ids, params=ctx.params, inputs=inputs)
 
 
+def talker_chunk(ctx: StageInputContext, chunk: StageOutput, last: bool) -> StageRequest | dict | None:
+    """Async chunk: the talker starts once the thinker has two tokens out (its prompt is then fixed) and
+    gets each further reply row as the thinker's output determines it."""
+    from omnistage.models.qwen2_5_omni.talker import talker_prompt, talker_reply_rows
+
+    thinker = ctx.upstream[0]
+    if not ctx.state.get("started"):
+        if len(thinker.token_ids) < 2 and not last:
+            return None
+        ids, inputs = talker_prompt(
+            ctx.engine.model,
+            thinker.data["prompt_token_ids"],
+            thinker.token_ids,
+            thinker.tensor("hidden_states"),
+            speaker_of(ctx.prompt),
+            thinker.data.get("mrope_positions"),
+            thinker.data.get("rope_delta", 0),
+            finished=last,
+        )
+        ctx.state["started"] = True
+        ctx.state["rows"] = inputs["thinker_reply"].shape[0]
+        return StageRequest(ctx.request_id, prompt=ids, params=ctx.params, inputs=inputs)
+    rows = talker_reply_rows(
+        ctx.engine.model,
+        thinker.token_ids,
+        thinker.tensor("hidden_states"),
+        len(thinker.data["prompt_token_ids"]),
+        ctx.state["rows"],
+        finished=last,
+    )
+    ctx.state["rows"] += rows.shape[0]
+    return {"thinker_reply": rows} if rows.shape[0] or last else None
+
+
 def code2wav_input(ctx: StageInputContext) -> StageRequest:
     """Full handoff: every code the talker spoke, decoded once."""
     codes = _spoken(ctx, ctx.upstream[1].token_ids)
@@ -131,11 +166,13 @@ SPEECH_STAGES = (
         kind=StageKind.AR,
         inputs=(0,),
         input_processor=talker_input,
+        chunk_processor=talker_chunk,
         sampling_constraints={"detokenize": False},
         default_params=TALKER_DEFAULTS,
         engine_args={
             "model_loader": f"{_MODELS}.loaders:load_talker",
             "step_embed_hook": f"{_MODELS}.talker:add_thinker_reply",
+            "step_ready_hook": f"{_MODELS}.talker:thinker_reply_ready",
         },
     ),
     StageSpec(

@@ -25,7 +25,9 @@ def engines(omni_dir):
     return made
 
 
-def run_stage(stage_id, engine, prompt, params, results) -> StageResult:
+def run_stage(stage_id, engine, prompt, params, results, deltas=None) -> StageResult:
+    """Full handoff: the stage's request built from its finished upstream results, run to the end (its
+    outputs also appended to `deltas`, when given)."""
     spec = QWEN2_5_OMNI.stage(stage_id)
     upstream = {i: results[i] for i in spec.inputs}
     ctx = StageInputContext("req", prompt, params, upstream, spec, engine)
@@ -35,19 +37,24 @@ def run_stage(stage_id, engine, prompt, params, results) -> StageResult:
         for out in engine.step():
             assert out.error is None, out.error
             result.add(out)
+            if deltas is not None:
+                deltas.append(out)
     assert result.finished and engine.stats()["num_requests"] == 0
     return result
 
 
-def stream_codes(engine, prompt, params, codes: list[int]) -> StageResult:
-    """Async-chunk handoff as the worker does it: the talker's tokens arrive one per step through the
-    code2wav chunk processor, and the engine runs whenever it can."""
-    spec = QWEN2_5_OMNI.stage(2)
-    ctx = StageInputContext("req", prompt, params, {1: StageResult(stage_id=1)}, spec, engine)
-    result = StageResult(stage_id=2)
-    for i, token in enumerate(codes):
-        last = i == len(codes) - 1
-        made = spec.chunk_processor(ctx, StageOutput("req", token_ids=[token], finished=last), last)
+def stream_stage(stage_id, engine, prompt, params, chunks: list[StageOutput]) -> tuple[StageResult, int]:
+    """Async-chunk handoff as the worker does it: the upstream deltas arrive one at a time through the
+    stage's chunk processor, and the engine runs whenever it can. Also returns how many outputs the stage
+    had produced before its last input arrived."""
+    spec = QWEN2_5_OMNI.stage(stage_id)
+    source = spec.inputs[0]
+    ctx = StageInputContext("req", prompt, params, {source: StageResult(stage_id=source)}, spec, engine)
+    result, early = StageResult(stage_id=stage_id), 0
+    for i, chunk in enumerate(chunks):
+        last = i == len(chunks) - 1
+        ctx.upstream[source].add(chunk)
+        made = spec.chunk_processor(ctx, chunk, last)
         if isinstance(made, StageRequest):
             made.streaming_input = not last
             engine.add_request(made)
@@ -55,28 +62,43 @@ def stream_codes(engine, prompt, params, codes: list[int]) -> StageResult:
             engine.add_chunk("req", made or {}, last)
         while engine.has_work():
             for out in engine.step():
+                assert out.error is None, out.error
                 result.add(out)
-    assert result.finished
-    return result
+                early += not last
+    assert result.finished and engine.stats()["num_requests"] == 0
+    return result, early
+
+
+def code_chunks(codes: list[int]) -> list[StageOutput]:
+    """The talker's codes as it streams them: one per step."""
+    return [StageOutput("req", token_ids=[t], finished=i == len(codes) - 1) for i, t in enumerate(codes)]
 
 
 @pytest.mark.parametrize("name", list(PROMPTS))
 def test_stage_outputs_equal_reference(name, engines, references):
     ref, prompt, params = references[name], PROMPTS[name], greedy_params()
-    results = {}
-    results[0] = run_stage(0, engines[0], prompt, params[0], results)
+    results, thinker_deltas = {}, []
+    results[0] = run_stage(0, engines[0], prompt, params[0], results, thinker_deltas)
     assert results[0].data["prompt_token_ids"] == ref.prompt_ids
     assert results[0].token_ids == ref.text_ids
     results[1] = run_stage(1, engines[1], prompt, params[1], results)
     assert results[1].token_ids == ref.talker_ids
     assert len(ref.codes) > 24  # enough codes for several async chunks
 
+    # Async chunk into the talker: it starts while the thinker is still writing and, held back until each
+    # reply row has arrived, speaks exactly the same codes.
+    assert len(thinker_deltas) == len(ref.text_ids)  # one delta per thinker token
+    streamed, early = stream_stage(1, engines[1], prompt, params[1], thinker_deltas)
+    assert streamed.token_ids == ref.talker_ids
+    assert 0 < early < len(ref.talker_ids)
+
     full = run_stage(2, engines[2], prompt, params[2], results).tensor("audio")
     assert full.shape == ref.waveform.shape
     assert float((full - ref.waveform).abs().max()) <= 1e-4
 
     passes = engines[3].passes
-    chunked = stream_codes(engines[3], prompt, params[2], results[1].token_ids).tensor("audio")
+    chunked, _ = stream_stage(2, engines[3], prompt, params[2], code_chunks(results[1].token_ids))
+    chunked = chunked.tensor("audio")
     assert engines[3].passes - passes >= 2  # decoded window by window while codes arrived
     assert chunked.shape == ref.waveform.shape
     assert float((chunked - ref.waveform).abs().max()) <= ASYNC_TOLERANCE

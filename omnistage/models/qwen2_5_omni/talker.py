@@ -14,6 +14,10 @@ h_i for its last-layer hidden state at position i:
 - positions: the thinker's prompt positions continued by two text positions; the same rope delta;
 - reply stream, one row added to each generated codec token's embedding (the step hook):
   e(g_1) + h_{L+1}, ..., e(g_{G-2}) + h_{L+G-2}, e(text_eos), e(text_pad), then e(text_pad) for ever.
+
+Async chunk: the talker need not wait for the whole reply. Its prompt is fixed once the thinker has two
+tokens out, and reply row j once g_{j+2} is; the talker's step-ready hook holds codec token j back until
+row j has arrived, so it computes exactly what it would have computed after the thinker had finished.
 """
 
 from __future__ import annotations
@@ -34,8 +38,12 @@ def talker_prompt(
     speaker: str,
     mrope_positions: torch.Tensor | None = None,
     rope_delta: int = 0,
+    finished: bool = True,
 ) -> tuple[list[int], dict[str, Any]]:
-    """(talker prompt ids, `StageRequest.inputs` for the AR engine)."""
+    """(talker prompt ids, `StageRequest.inputs` for the AR engine).
+
+    With `finished=False` the thinker is still writing (async chunk): the prompt is the same, and the reply
+    stream holds the rows its output so far determines; `talker_reply_rows` makes the rest as it arrives."""
     talker, embed_text, embed_codec = loaded.talker, loaded.text_embed, loaded.embed
     n_prompt, n_gen = len(prompt_ids), len(generated)
     if n_gen < 2:
@@ -46,9 +54,7 @@ def talker_prompt(
         raise InvalidRequestError(
             f"unknown speaker {speaker!r}; this model has {sorted(loaded.speakers)}", param="speaker"
         )
-    if hidden is None or hidden.shape[0] != n_prompt + n_gen - 1:
-        rows = None if hidden is None else hidden.shape[0]
-        raise ValueError(f"expected {n_prompt + n_gen - 1} thinker hidden rows, got {rows}")
+    _check_hidden(hidden, n_prompt, n_gen)
     device, dtype = embed_codec.weight.device, embed_codec.weight.dtype
     hidden = hidden.to(device, dtype)
     ids = torch.tensor(prompt_ids, device=device)
@@ -57,23 +63,19 @@ def talker_prompt(
     placeholders |= ids == config.video_token_index
     prompt_embeds = embed_text(ids).masked_fill(placeholders[:, None], 0.0) + hidden[:n_prompt]
 
-    def text(token: int) -> torch.Tensor:
-        return embed_text(torch.tensor([token], device=device))[0]
-
     def codec(token: int) -> torch.Tensor:
         return embed_codec(torch.tensor([token], device=device))[0]
 
-    reply = embed_text(torch.tensor(generated[:-1], device=device)) + hidden[n_prompt:]
+    first_reply = embed_text(torch.tensor(generated[:1], device=device))[0] + hidden[n_prompt]
     first_rows = torch.stack(
         [
-            text(loaded.speakers[speaker]) + codec(talker.codec_pad_token),
-            reply[0] + codec(talker.codec_bos_token),
+            _text_row(loaded, loaded.speakers[speaker]) + codec(talker.codec_pad_token),
+            first_reply + codec(talker.codec_bos_token),
         ]
     )
-    stream = torch.cat([reply[1:], text(talker.text_eos_token)[None], text(talker.text_pad_token)[None]])
     inputs: dict[str, Any] = {
         "inputs_embeds": torch.cat([prompt_embeds, first_rows]),
-        "thinker_reply": stream,
+        "thinker_reply": talker_reply_rows(loaded, generated, hidden, n_prompt, 0, finished),
     }
     if mrope_positions is not None:
         positions = torch.as_tensor(mrope_positions)
@@ -84,8 +86,44 @@ def talker_prompt(
     return codec_ids, inputs
 
 
+@torch.inference_mode()
+def talker_reply_rows(
+    loaded: Any, generated: list[int], hidden: torch.Tensor, n_prompt: int, start: int, finished: bool
+) -> torch.Tensor:
+    """Rows `start`.. of the reply stream that the thinker's output so far determines.
+
+    Row j is e(g_{j+1}) + h_{L+j+1}. Its hidden state exists once g_{j+1} has been fed back, i.e. once
+    g_{j+2} is out, which also proves g_{j+1} is not the last token (the last one is never fed back and
+    gets no row). A finished thinker's stream ends with e(text_eos) and e(text_pad)."""
+    _check_hidden(hidden, n_prompt, len(generated))
+    embed_text = loaded.text_embed
+    device, dtype = loaded.embed.weight.device, loaded.embed.weight.dtype
+    ids = torch.tensor(generated[1 + start : -1], dtype=torch.long, device=device)
+    rows = embed_text(ids) + hidden[n_prompt + 1 + start :].to(device, dtype)
+    if finished:
+        talker = loaded.talker
+        ends = [_text_row(loaded, talker.text_eos_token), _text_row(loaded, talker.text_pad_token)]
+        rows = torch.cat([rows, torch.stack(ends)])
+    return rows
+
+
+def _text_row(loaded: Any, token: int) -> torch.Tensor:
+    return loaded.text_embed(torch.tensor([token], device=loaded.embed.weight.device))[0]
+
+
+def _check_hidden(hidden: torch.Tensor | None, n_prompt: int, n_gen: int) -> None:
+    if hidden is None or hidden.shape[0] != n_prompt + n_gen - 1:
+        rows = None if hidden is None else hidden.shape[0]
+        raise ValueError(f"expected {n_prompt + n_gen - 1} thinker hidden rows, got {rows}")
+
+
 def add_thinker_reply(inputs: dict[str, Any], step: int, embed: torch.Tensor) -> torch.Tensor:
     """The AR engine's step hook for the talker: generated codec token `step` is fed back with the
     thinker's reply row `step` added (the last row, text pad, repeats once the reply is spoken)."""
     reply = inputs["thinker_reply"]
     return embed + reply[min(step, reply.shape[0] - 1)].to(embed.dtype)
+
+
+def thinker_reply_ready(inputs: dict[str, Any], step: int) -> bool:
+    """The AR engine's step-ready hook: row `step` is there, or the stream is complete (its pad repeats)."""
+    return inputs.get("input_finished", True) or step < inputs["thinker_reply"].shape[0]

@@ -8,7 +8,10 @@ engine_args (all optional): block_size (16), enable_prefix_caching (True), kv_ca
 of free memory when the deploy sets no kv_cache_bytes), max_model_len (the config's
 max_position_embeddings), cpu_packed_linear (True: float32 linears on CPU run on prepacked oneDNN
 weights, see packed_linear.py), scheduling_policy ("fcfs" | "priority"), seed (unseeded sampling),
-model_loader and step_embed_hook ("module:function", see loader.py and model_runner.py).
+model_loader and step_embed_hook ("module:function", see loader.py and model_runner.py), step_ready_hook
+("module:function", `fn(request_inputs, step) -> bool`: whether the inputs the step hook needs for generated
+token `step` have arrived; a request added with `streaming_input` gets more of them through `add_chunk`,
+and until they arrive its sequences sit out the steps that would need them).
 """
 
 from __future__ import annotations
@@ -63,7 +66,14 @@ class AREngine:
         prefix_caching = bool(args.get("enable_prefix_caching", True))
         self.blocks = BlockManager(self.num_blocks, self.block_size, prefix_caching)
         policy = args.get("scheduling_policy", "fcfs")
-        self.scheduler = Scheduler(self.blocks, deploy.max_num_seqs, deploy.max_num_batched_tokens, policy)
+        self.step_ready = load_ref(args.get("step_ready_hook"))
+        self.scheduler = Scheduler(
+            self.blocks,
+            deploy.max_num_seqs,
+            deploy.max_num_batched_tokens,
+            policy,
+            ready=self._input_ready if self.step_ready else None,
+        )
         self.step_hook = load_ref(args.get("step_embed_hook"))
         self.runner = ModelRunner(self.model, self._new_kv(), self.block_size, self.device, self.step_hook)
         self.sampler = Sampler(self.model.eos_token_ids, seed=args.get("seed"))
@@ -82,6 +92,9 @@ class AREngine:
         self.requests: dict[str, ARRequest] = {}
         self._pending: list[StageOutput] = []
         self._sleep_level: int | None = None
+        # Set when a step found nothing it could run (every sequence waits for streamed input): the engine
+        # reports no work, so the worker blocks on its inbox instead of spinning, until something changes.
+        self._stalled = False
         self.peak_running = 0
 
     def _load_model(self, ctx: EngineContext) -> LoadedModel:
@@ -119,7 +132,10 @@ class AREngine:
         except OmniError as exc:
             self._pending.append(_error_output(rid, exc))
             return
+        if request.streaming_input:
+            ar.inputs["input_finished"] = False
         self.requests[rid] = ar
+        self._stalled = False
         capacity = self.blocks.num_total_blocks * self.block_size
         limit = min(self.max_model_len, capacity) - len(ar.prompt_token_ids)
         max_tokens = min(ar.params.max_tokens or limit, limit)
@@ -157,25 +173,38 @@ class AREngine:
         if ar is not None:
             merge_chunk(ar.inputs, inputs)
             ar.inputs["input_finished"] = bool(last)
+            self._stalled = False
+
+    def _input_ready(self, seq: Sequence, position: int) -> bool:
+        """Whether position `position` of `seq` can be computed: prompt positions always can; a generated
+        token's, once the step hook's inputs for it have arrived."""
+        step = position - seq.num_prompt_tokens
+        return step < 0 or self.step_ready(seq.request.inputs, step)
 
     def abort(self, request_id: str) -> None:
         self._pending = [o for o in self._pending if o.request_id != request_id]
         ar = self.requests.pop(request_id, None)
+        self._stalled = False
         if ar is not None:
             for seq in ar.sequences:
                 if not seq.finished:
                     self.scheduler.finish(seq)
 
     def has_work(self) -> bool:
-        return bool(self._pending) or (self._sleep_level is None and self.scheduler.has_work())
+        return bool(self._pending) or (
+            self._sleep_level is None and not self._stalled and self.scheduler.has_work()
+        )
 
     # ---- the loop --------------------------------------------------------------------------------------
     def step(self) -> list[StageOutput]:
         outputs, self._pending = self._pending, []
         if self._sleep_level is not None:
             return outputs
+        preemptions = self.scheduler.num_preemptions
         batch = self.scheduler.schedule()
         if not batch:
+            # Nothing ran and nothing was preempted (a preemption changes what the next step can admit).
+            self._stalled = self.scheduler.num_preemptions == preemptions
             return outputs
         self.peak_running = max(self.peak_running, len(self.scheduler.running))
         try:
@@ -339,6 +368,7 @@ class AREngine:
         if self.runner.kv is None:
             self.runner.restore(self._new_kv())
         self._sleep_level = None
+        self._stalled = False
 
     def stats(self) -> dict[str, Any]:
         return {

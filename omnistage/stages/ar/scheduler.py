@@ -7,6 +7,10 @@ remaining budget is prefilled in chunks over several steps. Order is FCFS, or (p
 the "priority" policy. When a running sequence needs a block and none is free, the sequence that comes
 last in that order is preempted by recompute: its blocks are freed and it waits to be prefilled again
 (its full blocks usually survive in the prefix cache, so recomputing is cheap).
+
+A sequence whose per-step inputs stream in (a talker fed the thinker's reply as it is written) may be
+unable to compute its next position yet: `ready(seq, position)` says whether it can, and such a sequence
+sits out the step, keeping its place and its blocks, until its input arrives.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import logging
+from collections.abc import Callable
 
 from omnistage.errors import ConfigError
 from omnistage.stages.ar.kv_cache import BlockManager
@@ -41,6 +46,7 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         policy: str = "fcfs",
+        ready: Callable[[Sequence, int], bool] | None = None,
     ):
         if policy not in ("fcfs", "priority"):
             raise ConfigError(f"scheduling_policy must be 'fcfs' or 'priority', got {policy!r}")
@@ -53,6 +59,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.policy = policy
+        self.ready = ready
         self.waiting: list[Sequence] = []  # kept sorted by `_key`
         self.running: list[Sequence] = []  # kept sorted by `_key`
         self.num_preemptions = 0
@@ -75,7 +82,12 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            n = self._computable(
+                seq, seq.num_computed_tokens, min(seq.num_tokens - seq.num_computed_tokens, budget)
+            )
+            if n == 0:  # waiting for its input: it keeps its place and blocks
+                i += 1
+                continue
             while not self.blocks.can_append(seq, n):
                 victim = self.running[-1]
                 self.preempt(victim)
@@ -97,8 +109,8 @@ class Scheduler:
             seq = self.waiting[0]
             hits = self.blocks.match_prefix(seq)
             computed = len(hits) * self.blocks.block_size
-            n = min(seq.num_tokens - computed, budget)
-            if not self.blocks.can_admit(hits, n):
+            n = self._computable(seq, computed, min(seq.num_tokens - computed, budget))
+            if n == 0 or not self.blocks.can_admit(hits, n):
                 break  # FCFS: nobody overtakes the head of the queue
             self.waiting.pop(0)
             self.blocks.admit(seq, hits)
@@ -108,6 +120,13 @@ class Scheduler:
             batch.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
             budget -= n
         return budget
+
+    def _computable(self, seq: Sequence, start: int, n: int) -> int:
+        """How many of the `n` positions from `start` have their inputs (all of them without a `ready`)."""
+        if self.ready is not None:
+            while n > 0 and not self.ready(seq, start + n - 1):
+                n -= 1
+        return n
 
     def preempt(self, seq: Sequence) -> None:
         """Free `seq`'s cache and queue it for recompute (its tokens so far are kept)."""
