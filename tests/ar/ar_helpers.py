@@ -111,6 +111,11 @@ def add_step_rows(inputs: dict, step: int, embed: torch.Tensor) -> torch.Tensor:
     return embed + rows[step].to(embed.dtype)
 
 
+def step_row_ready(inputs: dict, step: int) -> bool:
+    """Step-ready hook for `add_step_rows`: row `step` has arrived, or no more will."""
+    return inputs.get("input_finished", True) or step < inputs["step_rows"].shape[0]
+
+
 def build_tiny_qwen2_vl(path) -> None:
     """A tiny Qwen2-VL (3-row multimodal RoPE text stack) — the shape of an omni thinker's decoder."""
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration

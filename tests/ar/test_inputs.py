@@ -142,6 +142,47 @@ def test_step_embed_hook_adds_a_row_per_generated_token() -> None:
     assert results["boom"].finish_reason == "error" and "hook exploded" in deltas["boom"][-1].error
 
 
+def test_step_ready_hook_holds_a_sequence_until_its_row_arrives() -> None:
+    """Rows streamed slower than the engine decodes (a talker fed by a thinker still writing): the sequence
+    sits out the steps it has no row for, keeping its slot, while another request runs on; with nothing
+    runnable the engine reports no work (the worker then blocks instead of spinning)."""
+    embed, decoder, head = qwen2_parts()
+    torch.manual_seed(1)
+    rows = 0.5 * torch.randn(10, H)
+    with torch.inference_mode():
+        embeds = embed(torch.tensor(PROMPT))
+    expected = reference_loop(embed, decoder, head, embeds, torch.arange(len(PROMPT))[None], 0, 10, rows)
+    hooks = {"step_embed_hook": "tests.ar.ar_helpers:add_step_rows"}
+    engine = make_engine(engine_args={**hooks, "step_ready_hook": "tests.ar.ar_helpers:step_row_ready"})
+    engine.add_request(
+        StageRequest("slow", PROMPT, params(), inputs={"step_rows": rows[:1]}, streaming_input=True)
+    )
+    engine.add_request(StageRequest("plain", PROMPT, params(4)))
+    tokens: dict[str, list[int]] = {"slow": [], "plain": []}
+    sent, stalls = 1, 0
+    for _ in range(100):
+        if not engine.has_work():
+            stalls += 1
+            assert engine.stats()["num_running"] == 1  # waiting for a row, holding its place
+            assert len(tokens["slow"]) == sent + 1  # the prefill's token, then one per row
+            last = sent + 2 >= len(rows) - 1  # token k needs row k - 1: 10 tokens, 9 rows
+            engine.add_chunk("slow", {"step_rows": rows[sent : sent + 2]}, last=last)
+            sent += 2
+            if last:
+                break
+        for out in engine.step():
+            assert out.error is None
+            tokens[out.request_id] += out.token_ids
+    for _ in range(100):
+        if not engine.has_work():
+            break
+        for out in engine.step():
+            tokens[out.request_id] += out.token_ids
+    assert tokens["slow"] == expected
+    assert tokens["plain"] == hf_greedy("qwen2", tuple(PROMPT), 4)
+    assert stalls == 4 and engine.stats()["num_requests"] == 0
+
+
 def test_hidden_states_rows_equal_transformers_across_chunks() -> None:
     prompt = list(range(40, 85))  # 45 tokens, prefilled in chunks of at most 16
     engine = make_engine(max_num_batched_tokens=16)
