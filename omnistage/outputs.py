@@ -62,6 +62,20 @@ class StageResult(msgspec.Struct):
             return None
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
 
+    def tail(self, key: str, rows: int) -> Any:
+        """The last `rows` rows of the payload under `key`, joining only the chunks they lie in (a consumer
+        of a stream reads what is new without copying the whole payload on every chunk)."""
+        picked, taken = [], 0
+        for part in reversed(self.chunks.get(key) or []):
+            if taken >= rows and picked:
+                break
+            picked.append(part)
+            taken += part.shape[0]
+        if taken < rows or not picked:
+            raise ValueError(f"{key!r} has {taken} rows, {rows} requested")
+        joined = picked[0] if len(picked) == 1 else torch.cat(picked[::-1], dim=0)
+        return joined[joined.shape[0] - rows :]
+
 
 @dataclasses.dataclass
 class OmniRequestOutput:

@@ -100,14 +100,9 @@ def talker_chunk(ctx: StageInputContext, chunk: StageOutput, last: bool) -> Stag
         ctx.state["started"] = True
         ctx.state["rows"] = inputs["thinker_reply"].shape[0]
         return StageRequest(ctx.request_id, prompt=ids, params=ctx.params, inputs=inputs)
-    rows = talker_reply_rows(
-        ctx.engine.model,
-        thinker.token_ids,
-        thinker.tensor("hidden_states"),
-        len(thinker.data["prompt_token_ids"]),
-        ctx.state["rows"],
-        finished=last,
-    )
+    start = ctx.state["rows"]
+    new_hidden = thinker.tail("hidden_states", max(0, len(thinker.token_ids) - 2 - start))
+    rows = talker_reply_rows(ctx.engine.model, thinker.token_ids, new_hidden, start, finished=last)
     ctx.state["rows"] += rows.shape[0]
     return {"thinker_reply": rows} if rows.shape[0] or last else None
 

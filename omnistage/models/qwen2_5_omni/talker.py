@@ -75,7 +75,7 @@ def talker_prompt(
     )
     inputs: dict[str, Any] = {
         "inputs_embeds": torch.cat([prompt_embeds, first_rows]),
-        "thinker_reply": talker_reply_rows(loaded, generated, hidden, n_prompt, 0, finished),
+        "thinker_reply": talker_reply_rows(loaded, generated, hidden[n_prompt + 1 :], 0, finished),
     }
     if mrope_positions is not None:
         positions = torch.as_tensor(mrope_positions)
@@ -88,18 +88,20 @@ def talker_prompt(
 
 @torch.inference_mode()
 def talker_reply_rows(
-    loaded: Any, generated: list[int], hidden: torch.Tensor, n_prompt: int, start: int, finished: bool
+    loaded: Any, generated: list[int], new_hidden: torch.Tensor, start: int, finished: bool
 ) -> torch.Tensor:
-    """Rows `start`.. of the reply stream that the thinker's output so far determines.
+    """Rows `start`.. of the reply stream that the thinker's output so far determines, given the hidden
+    states they use (`new_hidden` = h_{L+1+start} .. h_{L+G-2}, G tokens out so far).
 
     Row j is e(g_{j+1}) + h_{L+j+1}. Its hidden state exists once g_{j+1} has been fed back, i.e. once
     g_{j+2} is out, which also proves g_{j+1} is not the last token (the last one is never fed back and
     gets no row). A finished thinker's stream ends with e(text_eos) and e(text_pad)."""
-    _check_hidden(hidden, n_prompt, len(generated))
-    embed_text = loaded.text_embed
+    count = max(0, len(generated) - 2 - start)
+    if new_hidden.shape[0] != count:
+        raise ValueError(f"expected {count} new thinker hidden rows, got {new_hidden.shape[0]}")
     device, dtype = loaded.embed.weight.device, loaded.embed.weight.dtype
-    ids = torch.tensor(generated[1 + start : -1], dtype=torch.long, device=device)
-    rows = embed_text(ids) + hidden[n_prompt + 1 + start :].to(device, dtype)
+    ids = torch.tensor(generated[1 + start : 1 + start + count], dtype=torch.long, device=device)
+    rows = loaded.text_embed(ids) + new_hidden.to(device, dtype)
     if finished:
         talker = loaded.talker
         ends = [_text_row(loaded, talker.text_eos_token), _text_row(loaded, talker.text_pad_token)]
