@@ -63,6 +63,10 @@ def thinker_input(ctx: StageInputContext) -> StageRequest:
 
 
 def talker_input(ctx: StageInputContext) -> StageRequest:
+    return _talker_request(ctx, finished=True)
+
+
+def _talker_request(ctx: StageInputContext, finished: bool) -> StageRequest:
     from omnistage.models.qwen2_5_omni.talker import talker_prompt
 
     thinker = ctx.upstream[0]
@@ -74,6 +78,7 @@ def talker_input(ctx: StageInputContext) -> StageRequest:
         speaker_of(ctx.prompt),
         thinker.data.get("mrope_positions"),
         thinker.data.get("rope_delta", 0),
+        finished=finished,
     )
     return StageRequest(ctx.request_id, prompt=ids, params=ctx.params, inputs=inputs)
 
@@ -81,25 +86,16 @@ def talker_input(ctx: StageInputContext) -> StageRequest:
 def talker_chunk(ctx: StageInputContext, chunk: StageOutput, last: bool) -> StageRequest | dict | None:
     """Async chunk: the talker starts once the thinker has two tokens out (its prompt is then fixed) and
     gets each further reply row as the thinker's output determines it."""
-    from omnistage.models.qwen2_5_omni.talker import talker_prompt, talker_reply_rows
+    from omnistage.models.qwen2_5_omni.talker import talker_reply_rows
 
     thinker = ctx.upstream[0]
     if not ctx.state.get("started"):
         if len(thinker.token_ids) < 2 and not last:
             return None
-        ids, inputs = talker_prompt(
-            ctx.engine.model,
-            thinker.data["prompt_token_ids"],
-            thinker.token_ids,
-            thinker.tensor("hidden_states"),
-            speaker_of(ctx.prompt),
-            thinker.data.get("mrope_positions"),
-            thinker.data.get("rope_delta", 0),
-            finished=last,
-        )
+        request = _talker_request(ctx, finished=last)
         ctx.state["started"] = True
-        ctx.state["rows"] = inputs["thinker_reply"].shape[0]
-        return StageRequest(ctx.request_id, prompt=ids, params=ctx.params, inputs=inputs)
+        ctx.state["rows"] = request.inputs["thinker_reply"].shape[0]
+        return request
     start = ctx.state["rows"]
     new_hidden = thinker.tail("hidden_states", max(0, len(thinker.token_ids) - 2 - start))
     rows = talker_reply_rows(ctx.engine.model, thinker.token_ids, new_hidden, start, finished=last)

@@ -112,13 +112,18 @@ def test_multimodal_rope_positions_through_a_custom_loader() -> None:
     assert plain != expected  # the three rows really mattered
 
 
-def test_step_embed_hook_adds_a_row_per_generated_token() -> None:
+def step_rows_case(num_rows: int) -> tuple[torch.Tensor, list[int]]:
+    """Rows a step hook adds to the generated tokens' embeddings, and the 10 greedy tokens they lead to."""
     embed, decoder, head = qwen2_parts()
     torch.manual_seed(1)
-    rows = 0.5 * torch.randn(12, H)
+    rows = 0.5 * torch.randn(num_rows, H)
     with torch.inference_mode():
         embeds = embed(torch.tensor(PROMPT))
-    expected = reference_loop(embed, decoder, head, embeds, torch.arange(len(PROMPT))[None], 0, 10, rows)
+    return rows, reference_loop(embed, decoder, head, embeds, torch.arange(len(PROMPT))[None], 0, 10, rows)
+
+
+def test_step_embed_hook_adds_a_row_per_generated_token() -> None:
+    rows, expected = step_rows_case(12)
     engine = make_engine(engine_args={"step_embed_hook": "tests.ar.ar_helpers:add_step_rows"})
     streaming = StageRequest("stream", PROMPT, params(), inputs={"step_rows": rows[:3]}, streaming_input=True)
 
@@ -146,12 +151,7 @@ def test_step_ready_hook_holds_a_sequence_until_its_row_arrives() -> None:
     """Rows streamed slower than the engine decodes (a talker fed by a thinker still writing): the sequence
     sits out the steps it has no row for, keeping its slot, while another request runs on; with nothing
     runnable the engine reports no work (the worker then blocks instead of spinning)."""
-    embed, decoder, head = qwen2_parts()
-    torch.manual_seed(1)
-    rows = 0.5 * torch.randn(10, H)
-    with torch.inference_mode():
-        embeds = embed(torch.tensor(PROMPT))
-    expected = reference_loop(embed, decoder, head, embeds, torch.arange(len(PROMPT))[None], 0, 10, rows)
+    rows, expected = step_rows_case(10)
     hooks = {"step_embed_hook": "tests.ar.ar_helpers:add_step_rows"}
     engine = make_engine(engine_args={**hooks, "step_ready_hook": "tests.ar.ar_helpers:step_row_ready"})
     engine.add_request(
