@@ -72,6 +72,10 @@ def summarize(name: str, jct: list[float], ttfa: list[float]) -> dict[str, float
     return row
 
 
+def max_diff(waves: list[torch.Tensor], others: list[torch.Tensor]) -> float:
+    return max(float((a - b).abs().max()) for a, b in zip(waves, others, strict=True))
+
+
 class Baseline:
     """transformers `generate(return_audio=True)`, one request at a time; the model is loaded once."""
 
@@ -251,12 +255,10 @@ def main() -> None:
         for key, value in found.items():
             ratios.setdefault(key, []).append(value)
         print("  round ratios (means): " + ", ".join(f"{k} {v:.3f}x" for k, v in found.items()), flush=True)
-        drift = max(float((a - b).abs().max()) for a, b in zip(waves["async"], waves["full"], strict=True))
+        drift = max_diff(waves["async"], waves["full"])
         print(f"  async chunk vs full handoff waveform: max abs diff {drift:.2e}")
         if "baseline" in waves:
-            exact = max(
-                float((a - b).abs().max()) for a, b in zip(waves["full"], waves["baseline"], strict=True)
-            )
+            exact = max_diff(waves["full"], waves["baseline"])
             print(f"  full handoff vs transformers waveform: max abs diff {exact:.2e}")
     print("median over rounds (every round's in brackets):")
     for key, values in ratios.items():
