@@ -182,6 +182,21 @@ def test_step_ready_hook_holds_a_sequence_until_its_row_arrives() -> None:
     assert tokens["plain"] == hf_greedy("qwen2", tuple(PROMPT), 4)
     assert stalls == 4 and engine.stats()["num_requests"] == 0
 
+    # Aborted while it waits for a row: nothing is left running and its blocks come back.
+    free = engine.stats()["kv_blocks_free"]
+    engine.add_request(
+        StageRequest("gone", PROMPT, params(), inputs={"step_rows": rows[:1]}, streaming_input=True)
+    )
+    for _ in range(20):
+        if not engine.has_work():
+            break
+        engine.step()
+    assert not engine.has_work() and engine.stats()["num_running"] == 1
+    engine.abort("gone")
+    stats = engine.stats()
+    assert not engine.has_work() and (stats["num_requests"], stats["num_running"]) == (0, 0)
+    assert stats["kv_blocks_free"] == free
+
 
 def test_hidden_states_rows_equal_transformers_across_chunks() -> None:
     prompt = list(range(40, 85))  # 45 tokens, prefilled in chunks of at most 16
