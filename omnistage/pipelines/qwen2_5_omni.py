@@ -86,7 +86,7 @@ def _talker_request(ctx: StageInputContext, finished: bool) -> StageRequest:
 def talker_chunk(ctx: StageInputContext, chunk: StageOutput, last: bool) -> StageRequest | dict | None:
     """Async chunk: the talker starts once the thinker has two tokens out (its prompt is then fixed) and
     gets each further reply row as the thinker's output determines it."""
-    from omnistage.models.qwen2_5_omni.talker import talker_reply_rows
+    from omnistage.models.qwen2_5_omni.talker import new_reply_rows, talker_reply_rows
 
     thinker = ctx.upstream[0]
     if not ctx.state.get("started"):
@@ -97,7 +97,7 @@ def talker_chunk(ctx: StageInputContext, chunk: StageOutput, last: bool) -> Stag
         ctx.state["rows"] = request.inputs["thinker_reply"].shape[0]
         return request
     start = ctx.state["rows"]
-    new_hidden = thinker.tail("hidden_states", max(0, len(thinker.token_ids) - 2 - start))
+    new_hidden = thinker.tail("hidden_states", new_reply_rows(len(thinker.token_ids), start))
     rows = talker_reply_rows(ctx.engine.model, thinker.token_ids, new_hidden, start, finished=last)
     ctx.state["rows"] += rows.shape[0]
     return {"thinker_reply": rows} if rows.shape[0] or last else None

@@ -96,7 +96,7 @@ def talker_reply_rows(
     Row j is e(g_{j+1}) + h_{L+j+1}. Its hidden state exists once g_{j+1} has been fed back, i.e. once
     g_{j+2} is out, which also proves g_{j+1} is not the last token (the last one is never fed back and
     gets no row). A finished thinker's stream ends with e(text_eos) and e(text_pad)."""
-    count = max(0, len(generated) - 2 - start)
+    count = new_reply_rows(len(generated), start)
     if new_hidden.shape[0] != count:
         raise ValueError(f"expected {count} new thinker hidden rows, got {new_hidden.shape[0]}")
     device, dtype = loaded.embed.weight.device, loaded.embed.weight.dtype
@@ -107,6 +107,12 @@ def talker_reply_rows(
         ends = [_text_row(loaded, talker.text_eos_token), _text_row(loaded, talker.text_pad_token)]
         rows = torch.cat([rows, torch.stack(ends)])
     return rows
+
+
+def new_reply_rows(num_generated: int, start: int) -> int:
+    """How many reply rows past the first `start` the thinker's first `num_generated` tokens determine (and
+    so how many of its newest hidden states they use): rows 0 .. num_generated - 3."""
+    return max(0, num_generated - 2 - start)
 
 
 def _text_row(loaded: Any, token: int) -> torch.Tensor:
