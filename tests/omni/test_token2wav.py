@@ -6,7 +6,7 @@ import torch
 
 from omnistage.config.deploy import StageDeploy
 from omnistage.models.qwen2_5_omni.loaders import load_token2wav
-from omnistage.models.qwen2_5_omni.token2wav import Token2WavGenerator, create_engine
+from omnistage.models.qwen2_5_omni.token2wav import SigmoidTanhGELU, Token2WavGenerator, create_engine
 from omnistage.params import GenerationParams
 from omnistage.pipelines.qwen2_5_omni import QWEN2_5_OMNI
 from omnistage.stages.base import EngineContext, StageRequest
@@ -61,6 +61,13 @@ def test_randn_prefix_property():
     gen = torch.Generator().manual_seed(5)
     parts = torch.cat([torch.randn(1, n, 80, generator=gen) for n in (1, 7, 24, 68)], dim=1)
     assert torch.equal(whole, parts)
+
+
+def test_sigmoid_form_equals_tanh_gelu():
+    x = torch.linspace(-12, 12, 20001)
+    expected = torch.nn.functional.gelu(x.double(), approximate="tanh")
+    assert float((SigmoidTanhGELU()(x) - expected).abs().max()) < 2e-6
+    assert float((torch.nn.functional.gelu(x, approximate="tanh") - expected).abs().max()) < 2e-6
 
 
 def test_whole_decode_equals_reference_token2wav(generator, reference_model, codes):
