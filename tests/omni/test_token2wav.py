@@ -3,10 +3,16 @@ three facts in token2wav.py give, and only thanks to the context."""
 
 import pytest
 import torch
+from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniUpSample1d
 
 from omnistage.config.deploy import StageDeploy
 from omnistage.models.qwen2_5_omni.loaders import load_token2wav
-from omnistage.models.qwen2_5_omni.token2wav import SigmoidTanhGELU, Token2WavGenerator, create_engine
+from omnistage.models.qwen2_5_omni.token2wav import (
+    OneChannelUpSample,
+    SigmoidTanhGELU,
+    Token2WavGenerator,
+    create_engine,
+)
 from omnistage.params import GenerationParams
 from omnistage.pipelines.qwen2_5_omni import QWEN2_5_OMNI
 from omnistage.stages.base import EngineContext, StageRequest
@@ -68,6 +74,17 @@ def test_sigmoid_form_equals_tanh_gelu():
     expected = torch.nn.functional.gelu(x.double(), approximate="tanh")
     assert float((SigmoidTanhGELU()(x) - expected).abs().max()) < 2e-6
     assert float((torch.nn.functional.gelu(x, approximate="tanh") - expected).abs().max()) < 2e-6
+
+
+@pytest.mark.parametrize(("ratio", "taps"), [(2, 12), (3, 9)])
+@pytest.mark.parametrize("channels", [1, 3])
+def test_polyphase_upsampler_equals_the_transposed_convolution(ratio, taps, channels):
+    upsample = Qwen2_5OmniUpSample1d(ratio, taps)
+    x = torch.randn(2, channels, 41, generator=torch.Generator().manual_seed(ratio))
+    expected = upsample(x)
+    got = OneChannelUpSample(upsample)(x)
+    assert got.shape == expected.shape == (2, channels, 41 * ratio)
+    assert float((got - expected).abs().max()) < 1e-6
 
 
 def test_whole_decode_equals_reference_token2wav(generator, reference_model, codes):
