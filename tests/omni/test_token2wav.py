@@ -146,3 +146,16 @@ def test_async_chunks_match_whole_decode_within_tolerance(omni_dir, generator, c
     # Without context the chunk edges are audibly wrong: the tolerance above is earned by the context.
     blind, _ = stream(engine(omni_dir, async_chunk=True, left_blocks=0, right_blocks=0), codes, step=5)
     assert float((blind - whole).abs().max()) > 1e-3
+
+
+def test_first_chunk_look_ahead_is_a_setting(omni_dir, generator, codes):
+    """`first_right_blocks: 1` starts audio 12 codes sooner; only the first chunk is decoded with the
+    shorter look-ahead (its error grows to ~1e-3, the rest stays within the default's tolerance)."""
+    eng = engine(omni_dir, async_chunk=True, first_right_blocks=1)
+    lookahead = -(-generator.vocoder_radius // generator.repeats)
+    assert eng.right_context == 24 + lookahead and eng.first_right_context == 12 + lookahead
+    whole = generator.decode(codes, "Chelsie", seed=0)
+    audio, _ = stream(eng, codes, step=5)
+    first = 12 * generator.outputs_per_frame
+    assert 1e-4 < float((audio[:first] - whole[:first]).abs().max()) <= 3e-3
+    assert float((audio[first:] - whole[first:]).abs().max()) <= ASYNC_TOLERANCE

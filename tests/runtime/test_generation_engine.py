@@ -151,3 +151,70 @@ def test_first_chunks_go_first_and_alone():
     assert [o.request_id for o in engine.step()] == ["new"]
     outs = engine.step()  # then the one behind catches up in one longer span
     assert [o.request_id for o in outs] == ["old"] and outs[0].tensors["audio"].numel() == 6 * 2
+
+
+def test_a_first_chunk_with_less_look_ahead():
+    """`first_right_context` lets the first chunk start on fewer input frames; later chunks keep the full
+    look-ahead, and once the input ends the joined output is what the window sizes give."""
+    vocoder = ToyVocoder(outputs_per_frame=2)
+    codes = torch.randint(0, 64, (12,))
+    engine = GenerationEngine(vocoder, chunk_size=2, left_context=1, right_context=3, first_right_context=1)
+    engine.add_request(StageRequest("r", inputs={"codes": codes[:3]}, streaming_input=True))
+    outs = drain(engine)
+    assert [o.tensors["audio"].numel() for o in outs] == [2 * 2]  # 2 frames + 1 ahead suffice
+    engine.add_chunk("r", {"codes": codes[3:6]}, last=False)
+    outs += drain(engine)
+    assert len(outs) == 1  # 4 more frames: a chunk of 2 still needs 3 ahead
+    engine.add_chunk("r", {"codes": codes[6:7]}, last=False)
+    outs += drain(engine)
+    assert [o.tensors["audio"].numel() for o in outs] == [2 * 2, 2 * 2]
+    engine.add_chunk("r", {"codes": codes[7:]}, last=True)
+    outs += drain(engine)
+    # The toy's conv sees one frame each side: one frame of look-ahead is already exact for it.
+    assert outs[-1].finished
+    assert torch.allclose(joined(outs, "r"), vocoder.generate([codes], [None])[0], atol=1e-6)
+
+
+class StepwiseVocoder(ToyVocoder):
+    """ToyVocoder that pauses after each window, as code2wav pauses after each ODE step."""
+
+    def generate_steps(self, windows, params):
+        outs = []
+        for window in windows:
+            outs.extend(self.generate([window], params))
+            yield
+        return outs
+
+
+def test_a_first_chunk_overtakes_a_pass_in_progress():
+    """A request's first chunk runs between the units of a longer pass already under way; nobody's audio
+    changes, and a request aborted inside the paused pass gets no output."""
+
+    def run(vocoder, abort=False):
+        engine = GenerationEngine(vocoder, chunk_size=2, max_chunk_size=8, left_context=1, right_context=1)
+        for rid in ("a", "b", "c"):
+            engine.add_request(StageRequest(rid, inputs={"codes": torch.arange(3)}, streaming_input=True))
+        outs = drain(engine)  # their first chunks
+        for rid in ("a", "b", "c"):
+            engine.add_chunk(rid, {"codes": torch.arange(5, 11)}, last=True)
+        outs.extend(engine.step())  # starts the catch-up pass of a, b, c
+        order = [o.request_id for o in outs[3:]]
+        engine.add_request(StageRequest("new", inputs={"codes": torch.arange(20, 22)}))
+        if abort:
+            engine.abort("b")
+        while engine.has_work():
+            step = engine.step()
+            order.extend(o.request_id for o in step)
+            outs.extend(step)
+        return engine, order, outs
+
+    engine, order, outs = run(StepwiseVocoder(outputs_per_frame=2))
+    assert order == ["new", "a", "b", "c"]  # "new" finished while the others' pass was paused
+    _, plain_order, plain_outs = run(ToyVocoder(outputs_per_frame=2))
+    assert plain_order == ["a", "b", "c", "new"]  # a generator that cannot pause runs its pass whole
+    for rid in ("a", "b", "c", "new"):
+        assert torch.equal(joined(outs, rid), joined(plain_outs, rid))
+    assert engine.stats()["num_requests"] == 0 and engine.first_pass is None and engine.pass_ is None
+
+    engine, order, _ = run(StepwiseVocoder(outputs_per_frame=2), abort=True)
+    assert order == ["new", "a", "c"] and engine.stats()["num_requests"] == 0

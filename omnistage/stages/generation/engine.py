@@ -4,12 +4,18 @@ A request's input (codes) may arrive whole (full handoff: one pass at the end) o
 a pass per `chunk_size` new frames). A chunk is decoded with `left_context` earlier frames and
 `right_context` later ones as context, and only its own span of the output is emitted, so the joined
 output stays close to a one-pass decode while audio starts long before the input is complete.
+
+A generator that can pause (`generate_steps`, yielding between units of work such as ODE steps) lets a
+request's first chunk overtake a long pass already running: the engine advances one unit per `step()`, and
+a first-chunk pass, when there is one, goes before the pass it interrupted (time to first audio waits for
+one unit of the longer pass, not all of it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Generator as Steps
 from typing import Any, Protocol
 
 import torch
@@ -29,6 +35,10 @@ class Generator(Protocol):
     each window's first frame index in its request's input. One that can skip work on the context it will
     not emit sets `emits_spans = True` and also gets `spans`, each window's (first emitted frame, count):
     it then returns only those frames' output.
+
+    A generator may also offer `generate_steps(...)`, the same call (same arguments as its `generate`) as
+    a Python generator that yields between units of work and returns the outputs: the engine then runs it
+    a unit per step and can run a more urgent pass in between.
     """
 
     outputs_per_frame: int
@@ -39,6 +49,24 @@ class Generator(Protocol):
         ...
 
 
+def run_to_end(steps: Steps[None, None, Any]) -> Any:
+    """Run a `generate_steps` generator without pausing; its return value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+@dataclasses.dataclass
+class _Pass:
+    """One batched generator call in progress: its requests, what each will emit, and its unit steps."""
+
+    batch: list[tuple[str, _Request, int, int]]  # (request id, state, first frame, end frame)
+    spans: list[tuple[int, int]]  # per window: (frames of left context, frames emitted)
+    steps: Steps[None, None, list[torch.Tensor]]
+
+
 @dataclasses.dataclass
 class _Request:
     request: StageRequest
@@ -46,6 +74,7 @@ class _Request:
     available: int
     emitted: int = 0  # frames whose output has been sent
     complete: bool = False
+    in_flight: bool = False  # inside a pass that has not finished
 
     def inputs(self) -> torch.Tensor:
         if len(self.frames) > 1:
@@ -65,6 +94,7 @@ class GenerationEngine:
         output_key: str = "audio",
         max_chunk_size: int | None = None,
         first_chunk_size: int | None = None,
+        first_right_context: int | None = None,
     ):
         if chunk_size is not None and chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
@@ -81,11 +111,15 @@ class GenerationEngine:
         self.first_chunk_size = first_chunk_size or chunk_size
         self.left_context = left_context
         self.right_context = right_context
+        # The first chunk may also look less far ahead: its audio waits for fewer input frames.
+        self.first_right_context = right_context if first_right_context is None else first_right_context
         self.input_key = input_key
         self.output_key = output_key
         self.requests: dict[str, _Request] = {}
         self.paused = False
         self.passes = 0
+        self.first_pass: _Pass | None = None  # requests' first chunks: runs before `pass_`
+        self.pass_: _Pass | None = None
 
     # ---- StageEngine ---------------------------------------------------------------------------------
     def add_request(self, request: StageRequest) -> None:
@@ -108,12 +142,17 @@ class GenerationEngine:
         self.requests.pop(request_id, None)
 
     def has_work(self) -> bool:
-        return not self.paused and any(self._ready_span(s) is not None for s in self.requests.values())
+        if self.paused:
+            return False
+        return bool(self.first_pass or self.pass_) or any(
+            self._ready_span(s) is not None for s in self.requests.values() if not s.in_flight
+        )
 
     def step(self) -> list[StageOutput]:
+        """Start what is due, then advance the most urgent pass by one unit."""
         ready, outputs = [], []
         for rid, state in list(self.requests.items()):
-            span = self._ready_span(state)
+            span = None if state.in_flight else self._ready_span(state)
             if span is None:
                 continue
             if span[0] == span[1]:  # input ended with nothing left to decode
@@ -123,35 +162,68 @@ class GenerationEngine:
         # Requests that have output nothing yet go first, and alone: their first chunk (time to first audio)
         # waits neither behind nor inside the longer catch-up windows of requests already playing.
         fresh = [item for item in ready if item[1].emitted == 0]
-        batch = (fresh or ready)[: self.max_num_seqs]
-        if batch:
-            outputs.extend(self._run(batch))
+        if fresh and self.first_pass is None:
+            self.first_pass = self._start(fresh[: self.max_num_seqs])
+        elif ready and self.first_pass is None and self.pass_ is None:
+            self.pass_ = self._start(ready[: self.max_num_seqs])
+        if self.first_pass is not None:
+            outputs.extend(self._advance("first_pass"))
+        elif self.pass_ is not None:
+            outputs.extend(self._advance("pass_"))
         return outputs
 
-    def _run(self, batch: list[tuple[str, _Request, int, int]]) -> list[StageOutput]:
+    def _start(self, batch: list[tuple[str, _Request, int, int]]) -> _Pass:
         windows, params, starts, spans = [], [], [], []
         for _, state, start, end in batch:
             lo = max(0, start - self.left_context)
-            hi = min(state.available, end + self.right_context)
+            right = self.first_right_context if state.emitted == 0 else self.right_context
+            hi = min(state.available, end + right)
             windows.append(state.inputs()[lo:hi])
             params.append(state.request.params)
             starts.append(lo)
             spans.append((start - lo, end - start))
-        emits_spans = getattr(self.generator, "emits_spans", False)
-        with torch.inference_mode():
-            if emits_spans:
-                results = self.generator.generate(windows, params, starts, spans)
-            elif getattr(self.generator, "positional", False):
-                results = self.generator.generate(windows, params, starts)
-            else:
-                results = self.generator.generate(windows, params)
+            state.in_flight = True
+        args: tuple[Any, ...] = (windows, params)
+        if getattr(self.generator, "emits_spans", False):
+            args = (windows, params, starts, spans)
+        elif getattr(self.generator, "positional", False):
+            args = (windows, params, starts)
+        stepwise = getattr(self.generator, "generate_steps", None)
+        return _Pass(batch, spans, stepwise(*args) if stepwise else self._one_unit(args))
+
+    def _one_unit(self, args: tuple[Any, ...]) -> Steps[None, None, list[torch.Tensor]]:
+        return self.generator.generate(*args)
+        yield  # a generator function: the whole call is its one unit
+
+    def _advance(self, slot: str) -> list[StageOutput]:
+        """One unit of the pass in `slot`; its outputs once it has finished."""
+        run: _Pass = getattr(self, slot)
+        try:
+            with torch.inference_mode():
+                next(run.steps)
+        except StopIteration as done:
+            results = done.value
+        except BaseException:  # the worker fails the pass's requests; the slot must not stay taken
+            self._release(slot, run)
+            raise
+        else:
+            return []
+        self._release(slot, run)
         self.passes += 1
         per = self.generator.outputs_per_frame
+        emits_spans = getattr(self.generator, "emits_spans", False)
         outputs = []
-        for (rid, state, _, end), result, (skip, count) in zip(batch, results, spans, strict=True):
+        for (rid, state, _, end), result, (skip, count) in zip(run.batch, results, run.spans, strict=True):
+            if self.requests.get(rid) is not state:  # aborted while its pass ran
+                continue
             piece = result if emits_spans else result[skip * per : (skip + count) * per]
             outputs.append(self._output(rid, state, end, piece))
         return outputs
+
+    def _release(self, slot: str, run: _Pass) -> None:
+        setattr(self, slot, None)
+        for _, state, _, _ in run.batch:
+            state.in_flight = False
 
     def _output(self, rid: str, state: _Request, end: int, piece: torch.Tensor) -> StageOutput:
         state.emitted = end
@@ -179,7 +251,7 @@ class GenerationEngine:
         if self.chunk_size is None:
             return None
         if state.emitted == 0:
-            ready = pending - self.right_context
+            ready = pending - self.first_right_context
             return (start, start + self.first_chunk_size) if ready >= self.first_chunk_size else None
         ready = (pending - self.right_context) // self.chunk_size * self.chunk_size
         if ready < self.chunk_size:
@@ -209,13 +281,14 @@ class GenerationEngine:
 
 def create_engine(ctx: EngineContext) -> GenerationEngine:
     """`engine_args`: `generator` ("module:function" called with the context, returning a Generator),
-    and optionally `chunk_size`, `max_chunk_size`, `first_chunk_size`, `left_context`, `right_context`,
-    `input_key`, `output_key`."""
+    and optionally `chunk_size`, `max_chunk_size`, `first_chunk_size`, `first_right_context`,
+    `left_context`, `right_context`, `input_key`, `output_key`."""
     args = dict(ctx.engine_args)
     factory = load_ref(args.pop("generator", None))
     if factory is None:
         raise ValueError(f"stage {ctx.stage.name}: generation stages need engine_args.generator")
-    known = {"chunk_size", "max_chunk_size", "first_chunk_size", "left_context", "right_context"}
+    known = {"chunk_size", "max_chunk_size", "first_chunk_size", "first_right_context"}
+    known |= {"left_context", "right_context"}
     known |= {"input_key", "output_key"}
     options = {k: v for k, v in args.items() if k in known}
     return GenerationEngine(factory(ctx), max_num_seqs=ctx.deploy.max_num_seqs, **options)
