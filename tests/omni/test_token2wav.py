@@ -159,3 +159,39 @@ def test_first_chunk_look_ahead_is_a_setting(omni_dir, generator, codes):
     first = 12 * generator.outputs_per_frame
     assert 1e-4 < float((audio[:first] - whole[:first]).abs().max()) <= 3e-3
     assert float((audio[first:] - whole[first:]).abs().max()) <= ASYNC_TOLERANCE
+
+
+@pytest.mark.parametrize("guidance", [True, False])
+def test_velocity_field_equals_the_dit_forward_for_interleaved_solves(generator, guidance):
+    """`DiTVelocity` (per-solve constants hoisted, fused projections) computes the DiT's own forward, also
+    when another solve was prepared in between (the engine pauses solves between ODE steps)."""
+    dit, speaker = generator.dit, generator.speakers["Chelsie"]
+    gen = torch.Generator().manual_seed(7)
+
+    def case(batch, codes_len):
+        frames = codes_len * generator.repeats
+        codes = torch.randint(0, 8000, (batch, codes_len), generator=gen)
+        cond = speaker["cond"].float().expand(batch, -1).unsqueeze(1).repeat(1, frames, 1)
+        ref_mel = speaker["ref_mel"].float().expand(batch, -1, -1)
+        x = torch.randn(batch, frames, generator.mel_dim, generator=gen)
+        return codes, cond, ref_mel, x
+
+    first, second = case(2, 30), case(1, 43)
+    with torch.inference_mode():
+        models = [
+            generator.field.prepare(ref, cond, codes, guidance) for codes, cond, ref, _ in (first, second)
+        ]
+        for model, (codes, cond, ref, x) in zip(models, (first, second), strict=True):
+            for t in (0.0, 0.37):
+                t = torch.tensor(t)
+                expected = dit(
+                    hidden_states=x,
+                    time_step=t,
+                    apply_cfg=guidance,
+                    condition_vector=ref,
+                    speaker_embedding=cond,
+                    quantized_code=codes,
+                )
+                got = model(x, t)
+                assert got.shape == expected.shape == (x.shape[0] * (2 if guidance else 1), *x.shape[1:])
+                assert float((got - expected).abs().max()) <= 1e-5 * max(1.0, float(expected.abs().max()))

@@ -2,13 +2,12 @@
 engine, decoding whole code sequences or windows of a growing one.
 
 Network code is transformers' `Qwen2_5OmniToken2WavModel`; what it lacks is an explicit initial state for
-the ODE (`sample` draws `torch.randn` from the global generator) and batching several requests. Four cost
-fixes keep its math: block-local attention instead of dense masked attention, its mask built between blocks
-instead of between frames (expanded per batch row and head), the speaker encoder run once per solve instead
-of once per velocity evaluation (together ~6x faster on the benchmark checkpoint), and the MLP's tanh-GELU
-computed through a sigmoid (with the block mask, a solve another ~18% faster at async-chunk window sizes).
-The vocoder's one-channel upsamplers run as polyphase convolutions (`OneChannelUpSample`: ~27% off a vocoder
-pass on the benchmark checkpoint, whose last stages have one or two channels).
+the ODE (`sample` draws `torch.randn` from the global generator) and batching several requests. The DiT is
+evaluated through `DiTVelocity` (dit_velocity.py): the reference's arithmetic, with the work that does not
+change during a solve done once and attention computed block by block over each block's allowed keys (not
+as dense masked attention); the MLP's tanh-GELU is computed through a sigmoid. The vocoder's one-channel
+upsamplers run as polyphase convolutions (`OneChannelUpSample`: ~27% off a vocoder pass on the benchmark
+checkpoint, whose last stages have one or two channels).
 
 *Whole sequences* reproduce the reference exactly: the initial noise is `randn([1, 2·codes, 80])` from a
 generator seeded with the request's seed, which is what `generate(return_audio=True)` draws after
@@ -42,12 +41,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
     Qwen2_5OmniUpSample1d,
     RungeKutta4ODESolver,
 )
 
+from omnistage.models.qwen2_5_omni.dit_velocity import DiTVelocity
 from omnistage.params import GenerationParams
 from omnistage.stages.base import EngineContext
 from omnistage.stages.generation.engine import GenerationEngine, run_to_end
@@ -55,51 +54,6 @@ from omnistage.stages.generation.engine import GenerationEngine, run_to_end
 logger = logging.getLogger(__name__)
 
 SAMPLE_RATE = 24000
-
-
-BLOCK_ATTENTION = "omnistage_dit_blocks"
-
-
-def block_local_attention(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor,
-    scaling: float | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """The DiT's attention, block by block.
-
-    Its mask is block-banded: every query of a 24-frame block may see the same contiguous span of keys (its
-    own block, plus one back or ahead in some layers), for every head and batch row. transformers runs it
-    as dense masked SDPA, quadratic in the length; attending each query block to its span only is the same
-    math (masked keys weigh exactly zero) at a cost linear in the length. `attention_mask` is the mask
-    between blocks (`_block_diff` makes the DiT build it per block, not per frame)."""
-    block = module.config.block_size
-    batch, heads, length, head_dim = query.shape
-    allowed = attention_mask[0, 0]
-    blocks = torch.arange(allowed.shape[-1], device=allowed.device)
-    first = torch.where(allowed, blocks, len(blocks)).amin(-1) * block
-    last = (torch.where(allowed, blocks, -1).amax(-1) + 1) * block
-    out = query.new_empty(batch, length, heads, head_dim)
-    for start, lo, hi in zip(range(0, length, block), first.tolist(), last.tolist(), strict=True):
-        stop = min(start + block, length)
-        out[:, start:stop] = F.scaled_dot_product_attention(
-            query[:, :, start:stop], key[:, :, lo:hi], value[:, :, lo:hi], scale=scaling
-        ).transpose(1, 2)
-    return out, None
-
-
-AttentionInterface.register(BLOCK_ATTENTION, block_local_attention)
-
-
-def _block_diff(block: int, hidden_states: torch.Tensor) -> torch.Tensor:
-    """The DiT's block-distance matrix between blocks, as [1, 1, blocks, blocks]. transformers builds it
-    between frames, expanded to [B, heads, T, T], and each layer compares every element to build its mask
-    (70% of a solve's time); `block_local_attention` needs only the blocks' spans."""
-    index = torch.arange(-(-hidden_states.shape[1] // block), device=hidden_states.device)
-    return (index[None, :] - index[:, None])[None, None]
 
 
 class SigmoidTanhGELU(torch.nn.Module):
@@ -141,26 +95,6 @@ class OneChannelUpSample(torch.nn.Module):
         return y.transpose(1, 2).reshape(x.shape[0], 1, -1)[..., m.pad_left : -m.pad_right]
 
 
-class LastInputMemo(torch.nn.Module):
-    """Returns the wrapped module's last output when the input equals the last input.
-
-    The DiT re-encodes the speaker's reference mel (an ECAPA-TDNN, ~40% of a small window's cost) in each
-    of the 36 velocity evaluations of every solve, always on the same input; the result is bit-identical.
-    """
-
-    def __init__(self, module: torch.nn.Module):
-        super().__init__()
-        self.inner = module
-        self._last: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._last is not None and self._last[0].shape == x.shape and torch.equal(self._last[0], x):
-            return self._last[1]
-        out = self.inner(x)
-        self._last = (x.detach().clone(), out.detach())
-        return out
-
-
 @dataclasses.dataclass(frozen=True)
 class SolverSettings:
     """The reference's `Qwen2_5OmniToken2WavModel.forward` defaults."""
@@ -195,8 +129,6 @@ class Token2WavGenerator:
         self.hop = hop
         self.outputs_per_frame = self.repeats * hop
         self.stop_codes: list[int] = []
-        self.dit.config._attn_implementation = BLOCK_ATTENTION
-        self.dit._create_block_diff = functools.partial(_block_diff, self.block)
         for layer in self.dit.transformer_blocks:
             mlp = layer.ff.ff
             if isinstance(mlp[1], torch.nn.GELU) and mlp[1].approximate == "tanh":
@@ -208,9 +140,7 @@ class Token2WavGenerator:
                 and upsample.filter.shape[-1] % upsample.ratio == 0
             ):
                 module.upsample = OneChannelUpSample(upsample)
-        embed = self.dit.input_embed
-        if not isinstance(embed.spk_encoder, LastInputMemo):
-            embed.spk_encoder = LastInputMemo(embed.spk_encoder)
+        self.field = DiTVelocity(self.dit)
         self._noise_cache: collections.OrderedDict[int, tuple[torch.Generator, torch.Tensor]] = (
             collections.OrderedDict()
         )
@@ -295,17 +225,18 @@ class Token2WavGenerator:
     ) -> Generator[None, None, torch.Tensor]:
         """The DiT's flow-matching ODE from `noise` [B, T, mel] to mel [B, mel, T]: the reference's
         `sample` with the initial state passed in."""
-        s, dit = self.settings, self.dit
+        s = self.settings
         batch, frames = noise.shape[0], noise.shape[1]
         spk = self.speakers[speaker]
         cond = spk["cond"].float().expand(batch, -1).unsqueeze(1).repeat(1, frames, 1)
         ref_mel = spk["ref_mel"].float().expand(batch, -1, -1)
-        inputs = {"condition_vector": ref_mel, "speaker_embedding": cond, "quantized_code": codes}
+        guidance = s.guidance_scale >= 1e-5  # the reference's threshold for classifier-free guidance
+        model = self.field.prepare(ref_mel, cond, codes, guidance)
 
         def velocity(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-            if s.guidance_scale < 1e-5:
-                return dit(hidden_states=x, time_step=t, apply_cfg=False, **inputs)
-            guided, null = torch.chunk(dit(hidden_states=x, time_step=t, apply_cfg=True, **inputs), 2, dim=0)
+            if not guidance:
+                return model(x, t)
+            guided, null = torch.chunk(model(x, t), 2, dim=0)
             return guided + (guided - null) * s.guidance_scale
 
         times = torch.linspace(0, 1, s.num_steps)
