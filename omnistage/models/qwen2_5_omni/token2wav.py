@@ -243,7 +243,7 @@ class Token2WavGenerator:
         if s.sway_coefficient is not None:
             times = times + s.sway_coefficient * (torch.cos(torch.pi / 2 * times) - 1 + times)
         # The reference's `RungeKutta4ODESolver.integrate`, one step at a time: its last point is the state
-        # after the last step, so the result is the same to the bit.
+        # after the last step, so stepping by hand gives what `integrate` returns.
         solver = RungeKutta4ODESolver(function=velocity, initial_value=noise)
         x = noise
         for start, end in zip(times[:-1], times[1:], strict=True):
