@@ -166,10 +166,9 @@ class GenerationEngine:
             self.first_pass = self._start(fresh[: self.max_num_seqs])
         elif ready and self.first_pass is None and self.pass_ is None:
             self.pass_ = self._start(ready[: self.max_num_seqs])
-        if self.first_pass is not None:
-            outputs.extend(self._advance("first_pass"))
-        elif self.pass_ is not None:
-            outputs.extend(self._advance("pass_"))
+        run = self.first_pass or self.pass_
+        if run is not None:
+            outputs.extend(self._advance(run))
         return outputs
 
     def _start(self, batch: list[tuple[str, _Request, int, int]]) -> _Pass:
@@ -195,20 +194,19 @@ class GenerationEngine:
         return self.generator.generate(*args)
         yield  # a generator function: the whole call is its one unit
 
-    def _advance(self, slot: str) -> list[StageOutput]:
-        """One unit of the pass in `slot`; its outputs once it has finished."""
-        run: _Pass = getattr(self, slot)
+    def _advance(self, run: _Pass) -> list[StageOutput]:
+        """One unit of `run`; its outputs once it has finished."""
         try:
             with torch.inference_mode():
                 next(run.steps)
         except StopIteration as done:
             results = done.value
         except BaseException:  # the worker fails the pass's requests; the slot must not stay taken
-            self._release(slot, run)
+            self._release(run)
             raise
         else:
             return []
-        self._release(slot, run)
+        self._release(run)
         self.passes += 1
         per = self.generator.outputs_per_frame
         emits_spans = getattr(self.generator, "emits_spans", False)
@@ -220,8 +218,11 @@ class GenerationEngine:
             outputs.append(self._output(rid, state, end, piece))
         return outputs
 
-    def _release(self, slot: str, run: _Pass) -> None:
-        setattr(self, slot, None)
+    def _release(self, run: _Pass) -> None:
+        if self.first_pass is run:
+            self.first_pass = None
+        else:
+            self.pass_ = None
         for _, state, _, _ in run.batch:
             state.in_flight = False
 
