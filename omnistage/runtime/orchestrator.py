@@ -77,6 +77,7 @@ class Orchestrator:
         self.ipc_dir = Path(tempfile.mkdtemp(prefix="omnistage-"))
         self.zmq = zmq.Context()
         self._tasks: list[asyncio.Task] = []
+        self._holding: list[StageClient] | None = None  # clients holding messages (see _on_message)
 
     # ---- lifecycle (called from the frontend thread) -------------------------------------------------
     def start(self) -> None:
@@ -202,16 +203,26 @@ class Orchestrator:
 
     def _on_message(self, msg: Any) -> None:
         if isinstance(msg, Outputs):
-            for out in msg.items:
-                try:
-                    self._on_output(msg.stage_id, out)
-                except Exception as exc:  # a routing fault fails the request, never the orchestrator
-                    logger.exception("routing output of %s failed", out.request_id)
-                    rs = self.requests.get(out.request_id)
-                    if rs is not None:
-                        self._fail(
-                            rs, StageError(str(exc), stage_id=msg.stage_id, exc_type=type(exc).__name__)
-                        )
+            # What one engine step produced reaches each downstream replica as one delivery: a replica
+            # never starts work on part of it (say a first-chunk pass for one request whose batch-mates'
+            # codes, from the same talker step, would have arrived a millisecond later).
+            self._holding = []
+            try:
+                for out in msg.items:
+                    try:
+                        self._on_output(msg.stage_id, out)
+                    except Exception as exc:  # a routing fault fails the request, never the orchestrator
+                        logger.exception("routing output of %s failed", out.request_id)
+                        rs = self.requests.get(out.request_id)
+                        if rs is not None:
+                            self._fail(
+                                rs,
+                                StageError(str(exc), stage_id=msg.stage_id, exc_type=type(exc).__name__),
+                            )
+            finally:
+                held, self._holding = self._holding, None
+                for client in held:
+                    client.release()
         elif isinstance(msg, CallResult):
             fut = self._calls.pop(msg.call_id, None)
             if fut is not None and not fut.done():
@@ -330,6 +341,9 @@ class Orchestrator:
         if isinstance(client, InlineStageClient):
             client.send(self.materialize(msg))
             return
+        if self._holding is not None and client not in self._holding:
+            client.hold()
+            self._holding.append(client)
         client.codec.ledger = rs.payloads
         try:
             client.send(msg)

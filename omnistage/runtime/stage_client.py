@@ -79,6 +79,12 @@ class StageClient:
     def send(self, msg: Any) -> None:
         raise NotImplementedError
 
+    def hold(self) -> None:
+        """Keep what is sent from now until `release()` and deliver it then, all at once."""
+
+    def release(self) -> None:
+        pass
+
     def close(self, timeout: float = 5.0) -> None:
         raise NotImplementedError
 
@@ -182,6 +188,7 @@ class ProcessStageClient(StageClient):
         connector = ShmConnector(owner_pid) if input_connector == "shm" else None
         self.codec = Codec(ToWorker, connector=connector)
         self.proc: subprocess.Popen | None = None
+        self.held: list[Any] | None = None
 
     def start(self) -> None:
         deploy = dataclasses.replace(self.deploy, engine_args=refs_to_paths(self.deploy.engine_args))
@@ -229,8 +236,24 @@ class ProcessStageClient(StageClient):
         return ""
 
     def send(self, msg: Any) -> None:
-        if self.alive:
-            self.socket.send(self.codec.encode(msg), copy=False)
+        if not self.alive:
+            return
+        frame = self.codec.encode(msg)
+        if self.held is None:
+            self.socket.send(frame, copy=False)
+        else:
+            self.held.append(frame)
+
+    def hold(self) -> None:
+        if self.held is None:
+            self.held = []
+
+    def release(self) -> None:
+        """One multipart message: ZMQ delivers its parts together, so the worker reads them all before it
+        steps again (each part is one encoded message)."""
+        frames, self.held = self.held, None
+        if frames and self.alive:
+            self.socket.send_multipart(frames, copy=False)
 
     def close(self, timeout: float = 5.0) -> None:
         if self.proc is not None and self.proc.poll() is None:

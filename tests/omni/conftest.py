@@ -5,6 +5,10 @@ The reference runs once per session; every test compares against the same ground
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -17,9 +21,12 @@ from tests.omni.omni_reference import load_reference_model, run_reference
 THINKER_TOKENS = 10
 TALKER_TOKENS = 60  # 60 codes = 28,800 samples: several 24-code chunks in async-chunk mode
 SEED = 0
-# Async chunk joins windowed decodes; with the default context (3 blocks before, 2 after plus the vocoder's
-# radius) the measured max difference is 1.8e-5 on a waveform of std ~0.4. See docs in token2wav.py.
+# Async chunk joins windowed decodes (see token2wav.py). With the default context (3 blocks before a chunk,
+# 2 after plus the vocoder's radius) every chunk after the first is within 1.8e-5 of the one-pass decode on a
+# waveform of std ~0.4. The first chunk looks one block ahead only (its audio starts 12 codes sooner):
+# ~1e-3 off, i.e. ~60 dB below the signal (73-77 dB SNR measured on the benchmark checkpoint).
 ASYNC_TOLERANCE = 1e-4
+FIRST_CHUNK_TOLERANCE = 3e-3
 
 
 def _prompts() -> dict[str, object]:
@@ -68,6 +75,21 @@ def greedy_params() -> list[object]:
         SamplingParams(temperature=0.0, max_tokens=TALKER_TOKENS, repetition_penalty=1.05),
         GenerationParams(seed=SEED),
     ]
+
+
+def first_chunk_samples(omni_dir) -> int:
+    """Audio samples of a request's first async chunk (one DiT block of codes)."""
+    config = json.loads((Path(omni_dir) / "config.json").read_text())["token2wav_config"]
+    return config["dit_config"]["block_size"] * math.prod(config["bigvgan_config"]["upsample_rates"])
+
+
+def assert_async_audio_close(audio: torch.Tensor, whole: torch.Tensor, omni_dir) -> None:
+    """Async-chunk audio against the one-pass decode: the first chunk within its tolerance, the rest within
+    `ASYNC_TOLERANCE`."""
+    first = first_chunk_samples(omni_dir)
+    assert audio.shape == whole.shape and audio.numel() > first
+    assert float((audio[:first] - whole[:first]).abs().max()) <= FIRST_CHUNK_TOLERANCE
+    assert float((audio[first:] - whole[first:]).abs().max()) <= ASYNC_TOLERANCE
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -10,7 +10,7 @@ from omnistage.outputs import StageOutput, StageResult
 from omnistage.pipelines.qwen2_5_omni import QWEN2_5_OMNI
 from omnistage.stages.base import StageInputContext, StageRequest
 from omnistage.stages.worker import create_engine
-from tests.omni.conftest import ASYNC_TOLERANCE, PROMPTS, greedy_params
+from tests.omni.conftest import PROMPTS, assert_async_audio_close, greedy_params
 
 pytestmark = pytest.mark.engine
 
@@ -75,7 +75,7 @@ def code_chunks(codes: list[int]) -> list[StageOutput]:
 
 
 @pytest.mark.parametrize("name", list(PROMPTS))
-def test_stage_outputs_equal_reference(name, engines, references):
+def test_stage_outputs_equal_reference(name, engines, references, omni_dir):
     ref, prompt, params = references[name], PROMPTS[name], greedy_params()
     results, thinker_deltas = {}, []
     results[0] = run_stage(0, engines[0], prompt, params[0], results, thinker_deltas)
@@ -100,8 +100,7 @@ def test_stage_outputs_equal_reference(name, engines, references):
     chunked, _ = stream_stage(2, engines[3], prompt, params[2], code_chunks(results[1].token_ids))
     chunked = chunked.tensor("audio")
     assert engines[3].passes - passes >= 2  # decoded window by window while codes arrived
-    assert chunked.shape == ref.waveform.shape
-    assert float((chunked - ref.waveform).abs().max()) <= ASYNC_TOLERANCE
+    assert_async_audio_close(chunked, ref.waveform, omni_dir)
 
 
 def test_thinker_returns_every_hidden_row_despite_a_cached_prefix(engines):
