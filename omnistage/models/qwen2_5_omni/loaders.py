@@ -22,6 +22,7 @@ from safetensors import safe_open
 from transformers import AutoConfig
 
 from omnistage.stages.ar.attention import ATTENTION_NAME
+from omnistage.stages.ar.lean_decoder import LeanDecoder, supports
 from omnistage.stages.ar.loader import LoadedModel, eos_token_ids
 
 logger = logging.getLogger(__name__)
@@ -77,6 +78,9 @@ class TalkerDecoder(torch.nn.Module):
 
     def forward(self, inputs_embeds: torch.Tensor, **kwargs: Any) -> Any:
         return self.model(inputs_embeds=self.proj(inputs_embeds), **kwargs)
+
+    def lean_decoder(self) -> LeanDecoder | None:
+        return LeanDecoder(self.model, input_proj=self.proj) if supports(self.model) else None
 
 
 class TalkerHead(torch.nn.Module):

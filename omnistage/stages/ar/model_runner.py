@@ -21,6 +21,7 @@ import torch
 
 from omnistage.stages.ar.attention import METADATA_KWARG, build_metadata
 from omnistage.stages.ar.kv_cache import KVStorage
+from omnistage.stages.ar.lean_decoder import lean_decoder
 from omnistage.stages.ar.loader import LoadedModel
 from omnistage.stages.ar.scheduler import ScheduledSeq
 from omnistage.stages.ar.sequence import SequenceInputError
@@ -56,6 +57,7 @@ class ModelRunner:
         self.device = device
         self.step_hook = step_hook
         self.position_rows = 3 if uses_mrope(model.config) else 1
+        self.decoder = lean_decoder(model.decoder)
 
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> ForwardResult:
@@ -76,7 +78,7 @@ class ModelRunner:
             [item.seq.block_table for item in batch],
             self.device,
         )
-        out = self.model.decoder(
+        out = self.decoder(
             inputs_embeds=embeds[None],
             position_ids=positions,
             attention_mask=None,

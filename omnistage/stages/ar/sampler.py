@@ -128,7 +128,9 @@ def _apply_penalties(row: torch.Tensor, seq: Sequence) -> torch.Tensor:
     p = seq.params
     vocab = row.shape[0]
     if p.repetition_penalty != 1.0:
-        seen = torch.tensor([t for t in set(seq.token_ids) if 0 <= t < vocab], dtype=torch.long)
+        seen = seq.distinct_token_ids()
+        if seen.numel() and (int(seen[0]) < 0 or int(seen[-1]) >= vocab):
+            seen = seen[(seen >= 0) & (seen < vocab)]
         if seen.numel():
             vals = row[seen]
             row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)

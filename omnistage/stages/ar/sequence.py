@@ -91,6 +91,25 @@ class Sequence:
     finish_reason: str | None = None
     finish_sent: bool = False
     stop_reason: str | int | None = None
+    # The distinct ids among token_ids[:num_seen], and the same as a tensor (see distinct_token_ids).
+    seen: set[int] = dataclasses.field(default_factory=set)
+    num_seen: int = 0
+    seen_ids: torch.Tensor | None = None
+
+    def distinct_token_ids(self) -> torch.Tensor:
+        """Every distinct token id so far, prompt and output, in no particular order. The repetition penalty
+        reads it every step and a talker's prompt is hundreds of tokens: it is updated, not rebuilt."""
+        if self.num_seen > len(self.token_ids):
+            self.seen, self.num_seen = set(), 0
+        if self.num_seen < len(self.token_ids):
+            before = len(self.seen)
+            self.seen.update(self.token_ids[self.num_seen :])
+            self.num_seen = len(self.token_ids)
+            if len(self.seen) != before:
+                self.seen_ids = None
+        if self.seen_ids is None:
+            self.seen_ids = torch.tensor(sorted(self.seen), dtype=torch.long)
+        return self.seen_ids
 
     @property
     def params(self) -> SamplingParams:

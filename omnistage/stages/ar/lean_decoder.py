@@ -1,0 +1,122 @@
+"""The decoder stack of Llama/Qwen2-family models, evaluated without transformers' per-call machinery.
+
+At decode batch sizes a small model's step is mostly Python: the decorated `forward` of the model (output
+capture, config defaults, deprecation shims, causal-mask dispatch), then per layer six module calls and
+their hooks around a handful of tensor ops. On the Qwen2.5-Omni benchmark talker (4 layers of width 256,
+8 sequences) that was over half of a ~9 ms step. `LeanDecoder` runs the same tensor ops, in the same order,
+on the same modules' weights (each linear through its own `forward`, so packed weights are used) and with
+the same paged attention function; only the Python around them is gone, so its outputs equal the model's
+forward (tested bit for bit).
+
+Only layer types whose arithmetic is known are run this way (`supports`); anything else keeps the model's
+own forward.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from omnistage.stages.ar.attention import paged_attention_forward
+from omnistage.stages.ar.packed_linear import fuse_packed
+
+# (decoder layer, attention, RMS norm) classes whose forward is: pre-norm attention with rotary q/k, a
+# residual, pre-norm gated MLP, a residual; RMS norm = weight * x * rsqrt(mean(x²) + eps).
+KNOWN_LAYERS = {
+    "Qwen2_5OmniDecoderLayer": ("Qwen2_5OmniAttention", "Qwen2_5OmniRMSNorm"),
+    "Qwen2DecoderLayer": ("Qwen2Attention", "Qwen2RMSNorm"),
+    "LlamaDecoderLayer": ("LlamaAttention", "LlamaRMSNorm"),
+}
+
+
+def lean_decoder(decoder: Any) -> Any:
+    """What the engine should call for `decoder`: its lean form when it has one, else the decoder itself. A
+    wrapper offers its own through `lean_decoder()` (e.g. one that projects its inputs first)."""
+    own = getattr(decoder, "lean_decoder", None)
+    made = own() if callable(own) else (LeanDecoder(decoder) if supports(decoder) else None)
+    return made or decoder
+
+
+def supports(model: Any) -> bool:
+    """A decoder (`layers`, `norm`, `rotary_emb`) of known layers only, full attention, SiLU MLPs."""
+    layers = getattr(model, "layers", None)
+    if layers is None or not hasattr(model, "norm") or not hasattr(model, "rotary_emb"):
+        return False
+    for layer in layers:
+        known = KNOWN_LAYERS.get(type(layer).__name__)
+        if known is None:
+            return False
+        attn, mlp = layer.self_attn, layer.mlp
+        if type(attn).__name__ != known[0] or getattr(attn, "sliding_window", None) is not None:
+            return False
+        norms = (layer.input_layernorm, layer.post_attention_layernorm, model.norm)
+        if any(type(n).__name__ != known[1] for n in norms):
+            return False
+        if not isinstance(mlp.act_fn, torch.nn.SiLU) and type(mlp.act_fn).__name__ != "SiLUActivation":
+            return False
+    return True
+
+
+class LeanDecoder:
+    """Called as the model is by the engine: `(inputs_embeds=[1, T, H], position_ids=..., **kwargs)` →
+    an object with `.last_hidden_state`. `input_proj` (optional) maps the inputs first."""
+
+    def __init__(self, model: Any, input_proj: torch.nn.Module | None = None):
+        self.model = model
+        self.input_proj = input_proj
+        self.layers = [
+            (
+                layer.input_layernorm,
+                layer.self_attn,
+                layer.post_attention_layernorm,
+                layer.mlp,
+                int(layer.self_attn.head_dim),
+                _joint(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
+                _joint(layer.mlp.gate_proj, layer.mlp.up_proj),
+            )
+            for layer in model.layers
+        ]
+
+    def __call__(
+        self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, **kwargs: Any
+    ) -> types.SimpleNamespace:
+        kwargs.pop("attention_mask", None)
+        kwargs.pop("use_cache", None)
+        h = inputs_embeds if self.input_proj is None else self.input_proj(inputs_embeds)
+        cos, sin = self.model.rotary_emb(h, position_ids)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        batch, length, _ = h.shape
+        for norm_in, attn, norm_post, mlp, head_dim, qkv, gate_up in self.layers:
+            x = _rms_norm(norm_in, h)
+            q, k, v = (part.view(batch, length, -1, head_dim).transpose(1, 2) for part in qkv(x))
+            q = (q * cos) + (_rotate_half(q) * sin)
+            k = (k * cos) + (_rotate_half(k) * sin)
+            out, _ = paged_attention_forward(attn, q, k, v, None, scaling=attn.scaling, **kwargs)
+            h = h + attn.o_proj.forward(out.reshape(batch, length, -1).contiguous())
+            x = _rms_norm(norm_post, h)
+            gate, up = gate_up(x)
+            gated = F.silu(gate) * up
+            h = h + mlp.down_proj.forward(gated)
+        return types.SimpleNamespace(last_hidden_state=_rms_norm(self.model.norm, h))
+
+
+def _joint(*linears: torch.nn.Module) -> Callable[[torch.Tensor], tuple[torch.Tensor, ...]]:
+    """One packed GEMM for linears sharing their input when they are packed, else their own calls."""
+    fused = fuse_packed(*linears)
+    return fused or (lambda x: tuple(m.forward(x) for m in linears))
+
+
+def _rms_norm(norm: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
+    dtype = h.dtype
+    x = h.to(torch.float32)
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+    return norm.weight * x.to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
