@@ -7,7 +7,7 @@ import torch
 
 from omnistage.params import SamplingParams
 from omnistage.stages.ar.lean_decoder import LeanDecoder
-from omnistage.stages.ar.packed_linear import fuse_packed
+from omnistage.stages.ar.packed_linear import BATCH_HINT, _packed_linear
 from omnistage.stages.base import StageRequest
 from tests.ar.ar_helpers import make_engine, run
 from tests.ar.test_greedy import workload
@@ -49,17 +49,25 @@ def test_lean_decoder_equals_the_models_forward(arch: str) -> None:
 
 
 def test_fused_packed_linears_equal_the_separate_ones() -> None:
-    """q/k/v (and gate/up) through one packed GEMM give each linear's packed output exactly."""
-    engine = make_engine("qwen2")
-    attn = engine.model.decoder.layers[0].self_attn
-    fused = fuse_packed(attn.q_proj, attn.k_proj, attn.v_proj)
-    assert fused is not None
-    for rows in (1, 8, 37):
-        x = torch.randn(1, rows, attn.q_proj.weight.shape[1], generator=torch.Generator().manual_seed(rows))
-        with torch.inference_mode():
-            parts = fused(x)
-            for part, linear in zip(parts, (attn.q_proj, attn.k_proj, attn.v_proj), strict=True):
-                assert torch.equal(part, linear(x))
+    """q/k/v (and gate/up) through one packed GEMM give exactly what each linear's own packed weight gives;
+    the linears' forwards (the model's own path) take their part of it."""
+    engine = make_engine("qwen2")  # its lean decoder has fused every layer's q/k/v and gate/up
+    layer = engine.model.decoder.layers[0]
+    groups = [
+        (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
+        (layer.mlp.gate_proj, layer.mlp.up_proj),
+    ]
+    qkv, gate_up = engine.runner.decoder.layers[0][5:7]
+    for joint, linears in zip((qkv, gate_up), groups, strict=True):
+        for rows in (1, 8, 37):
+            gen = torch.Generator().manual_seed(rows)
+            x = torch.randn(1, rows, linears[0].weight.shape[1], generator=gen)
+            with torch.inference_mode():
+                parts = joint(x)
+                for part, linear in zip(parts, linears, strict=True):
+                    alone = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), BATCH_HINT)
+                    assert torch.equal(part, _packed_linear(alone, linear.bias, x))
+                    assert torch.equal(part, linear(x))
 
 
 def test_unknown_layers_keep_the_models_forward() -> None:

@@ -25,6 +25,7 @@ def packing_available() -> bool:
 
 
 BATCH_HINT = 32  # rows the packed layout is tuned for
+Joint = Callable[[torch.Tensor], tuple[torch.Tensor, ...]]  # one input → each fused linear's output
 
 
 def pack_linears(model: nn.Module, batch_hint: int = BATCH_HINT) -> int:
@@ -42,21 +43,32 @@ def pack_linears(model: nn.Module, batch_hint: int = BATCH_HINT) -> int:
     return count
 
 
-def fuse_packed(*linears: nn.Module) -> Callable[[torch.Tensor], tuple[torch.Tensor, ...]] | None:
-    """Linears that read the same input (q/k/v, gate/up) as one packed GEMM returning each one's output, or
-    None unless all of them are packed. oneDNN computes every output column from its own weight row, so
-    the results are bit-identical to the separate packed calls (checked by a test); one call instead of
-    several saves their fixed per-call cost at decode batch sizes."""
-    if not all(_is_packed(m) for m in linears):
+def fuse_packed(*linears: nn.Module) -> Joint | None:
+    """Packed linears that read the same input (q/k/v, gate/up) as one packed GEMM returning each one's
+    output; None unless all of them are packed. oneDNN computes every output column from its own weight
+    row, so the results are bit-identical to the separate packed calls (a test checks it); one call instead
+    of several saves their fixed per-call cost at decode batch sizes. Each linear's own forward then takes
+    its part of the joint GEMM, so their separate packed copies are freed (same results, same memory)."""
+    biases = [m.bias for m in linears]
+    if not all(_is_packed(m) for m in linears) or len({b is None for b in biases}) > 1:
         return None
     widths = [int(m.weight.shape[0]) for m in linears]
     weight = torch.cat([m.weight.detach() for m in linears])
-    biases = [m.bias for m in linears]
-    if any(b is None for b in biases) and not all(b is None for b in biases):
-        return None
     bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
     packed = torch.ops.mkldnn._reorder_linear_weight(weight, BATCH_HINT)
-    return lambda x: _packed_linear(packed, bias, x).split(widths, dim=-1)
+
+    def joint(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return _packed_linear(packed, bias, x).split(widths, dim=-1)
+
+    for i, module in enumerate(linears):
+        module.forward = functools.partial(_part_of, joint, i)
+    return joint
+
+
+def _part_of(
+    joint: Callable[[torch.Tensor], tuple[torch.Tensor, ...]], i: int, x: torch.Tensor
+) -> torch.Tensor:
+    return joint(x)[i]
 
 
 def _is_packed(module: nn.Module) -> bool:
