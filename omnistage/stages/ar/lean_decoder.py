@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from omnistage.stages.ar.attention import paged_attention_forward
 from omnistage.stages.ar.packed_linear import fuse_packed
@@ -88,35 +89,20 @@ class LeanDecoder:
         kwargs.pop("use_cache", None)
         h = inputs_embeds if self.input_proj is None else self.input_proj(inputs_embeds)
         cos, sin = self.model.rotary_emb(h, position_ids)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         batch, length, _ = h.shape
         for norm_in, attn, norm_post, mlp, head_dim, qkv, gate_up in self.layers:
-            x = _rms_norm(norm_in, h)
+            x = norm_in.forward(h)
             q, k, v = (part.view(batch, length, -1, head_dim).transpose(1, 2) for part in qkv(x))
-            q = (q * cos) + (_rotate_half(q) * sin)
-            k = (k * cos) + (_rotate_half(k) * sin)
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
             out, _ = paged_attention_forward(attn, q, k, v, None, scaling=attn.scaling, **kwargs)
             h = h + attn.o_proj.forward(out.reshape(batch, length, -1).contiguous())
-            x = _rms_norm(norm_post, h)
+            x = norm_post.forward(h)
             gate, up = gate_up(x)
-            gated = F.silu(gate) * up
-            h = h + mlp.down_proj.forward(gated)
-        return types.SimpleNamespace(last_hidden_state=_rms_norm(self.model.norm, h))
+            h = h + mlp.down_proj.forward(F.silu(gate) * up)
+        return types.SimpleNamespace(last_hidden_state=self.model.norm.forward(h))
 
 
 def _joint(*linears: torch.nn.Module) -> Callable[[torch.Tensor], tuple[torch.Tensor, ...]]:
     """One packed GEMM for linears sharing their input when they are packed, else their own calls."""
     fused = fuse_packed(*linears)
     return fused or (lambda x: tuple(m.forward(x) for m in linears))
-
-
-def _rms_norm(norm: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
-    dtype = h.dtype
-    x = h.to(torch.float32)
-    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * x.to(dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
