@@ -97,7 +97,7 @@ class Sequence:
     seen_ids: torch.Tensor | None = None
 
     def distinct_token_ids(self) -> torch.Tensor:
-        """Every distinct token id so far, prompt and output, in no particular order. The repetition penalty
+        """Every distinct token id so far, prompt and output, sorted. The repetition penalty
         reads it every step and a talker's prompt is hundreds of tokens: it is updated, not rebuilt."""
         if self.num_seen > len(self.token_ids):
             self.seen, self.num_seen = set(), 0
