@@ -15,7 +15,6 @@ own forward.
 from __future__ import annotations
 
 import types
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,7 +22,7 @@ import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from omnistage.stages.ar.attention import paged_attention_forward
-from omnistage.stages.ar.packed_linear import fuse_packed
+from omnistage.stages.ar.packed_linear import Joint, fuse_packed
 
 # (decoder layer, attention, RMS norm) classes whose forward is: pre-norm attention with rotary q/k, a
 # residual, pre-norm gated MLP, a residual; RMS norm = weight * x * rsqrt(mean(x²) + eps).
@@ -102,7 +101,7 @@ class LeanDecoder:
         return types.SimpleNamespace(last_hidden_state=self.model.norm.forward(h))
 
 
-def _joint(*linears: torch.nn.Module) -> Callable[[torch.Tensor], tuple[torch.Tensor, ...]]:
+def _joint(*linears: torch.nn.Module) -> Joint:
     """One packed GEMM for linears sharing their input when they are packed, else their own calls."""
     fused = fuse_packed(*linears)
     return fused or (lambda x: tuple(m.forward(x) for m in linears))

@@ -65,9 +65,7 @@ def fuse_packed(*linears: nn.Module) -> Joint | None:
     return joint
 
 
-def _part_of(
-    joint: Callable[[torch.Tensor], tuple[torch.Tensor, ...]], i: int, x: torch.Tensor
-) -> torch.Tensor:
+def _part_of(joint: Joint, i: int, x: torch.Tensor) -> torch.Tensor:
     return joint(x)[i]
 
 
