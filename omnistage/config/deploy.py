@@ -42,6 +42,9 @@ class StageDeploy:
     async_chunk: bool | None = None
     engine_args: dict[str, Any] = dataclasses.field(default_factory=dict)
     env: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Where stages share CPU cores: pause this stage's steps while another stage computes a streaming
+    # request's first output (time to first audio), at most 0.5 s a step (runtime/first_outputs.py).
+    yield_to_first_outputs: bool = False
 
     def connector_from(self, stage_id: int, connectors: dict[str, dict[str, Any]]) -> dict[str, Any]:
         """The connector spec for the edge from `stage_id` into this stage."""
@@ -245,6 +248,8 @@ def _validated(stage: StageDeploy, connectors: dict[str, dict[str, Any]]) -> Sta
     for field in ("replicas", "max_num_seqs", "max_num_batched_tokens"):
         if not isinstance(getattr(stage, field), int) or getattr(stage, field) < 1:
             raise ConfigError(f"{where}: {field} must be a positive integer")
+    if not isinstance(stage.yield_to_first_outputs, bool):
+        raise ConfigError(f"{where}: yield_to_first_outputs must be true or false")
     if stage.placement == "inline" and stage.replicas != 1:
         raise ConfigError(f"{where}: inline placement runs exactly one replica")
     if isinstance(stage.devices, str):

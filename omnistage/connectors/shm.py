@@ -21,7 +21,7 @@ PREFIX = "omnistage_"
 SHM_DIR = Path("/dev/shm")
 
 
-def _untrack(shm: shared_memory.SharedMemory) -> None:
+def untrack(shm: shared_memory.SharedMemory) -> None:
     # Python 3.11 registers every segment with the resource tracker of whichever process touches it, which
     # then unlinks it (and warns) at that process's exit; ownership here is explicit instead.
     with contextlib.suppress(Exception):
@@ -40,7 +40,7 @@ class ShmConnector:
         ref, data = encode_payload(obj)
         key = f"{PREFIX}{self.owner_pid}_{uuid.uuid4().hex[:16]}"
         shm = shared_memory.SharedMemory(name=key, create=True, size=max(ref.nbytes, 1))
-        _untrack(shm)
+        untrack(shm)
         try:
             shm.buf[: ref.nbytes] = data
         finally:
@@ -56,7 +56,7 @@ class ShmConnector:
         """Read a payload (a copy). The segment is unlinked afterwards if the reference owns it."""
         t0 = time.perf_counter()
         shm = shared_memory.SharedMemory(name=ref.key)
-        _untrack(shm)
+        untrack(shm)
         try:
             value = decode_payload(ref, shm.buf)
         finally:

@@ -9,6 +9,7 @@ import msgspec
 
 from omnistage.config.deploy import StageDeploy
 from omnistage.config.pipeline import StageSpec, ref_to_path
+from omnistage.runtime.first_outputs import BoardSeat
 
 _REF_FIELDS = ("input_processor", "chunk_processor", "engine")
 
@@ -39,6 +40,7 @@ class WorkerConfig(msgspec.Struct):
     owner_pid: int
     output_connector: str
     stream_tensors: bool
+    board_seat: BoardSeat | None = None
 
     def stage_spec(self) -> StageSpec:
         data = dict(self.stage)

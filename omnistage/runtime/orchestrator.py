@@ -31,6 +31,7 @@ from omnistage.connectors.base import Payload
 from omnistage.connectors.shm import ShmConnector, live_segments, release, sweep_stale_segments
 from omnistage.errors import OmniError, StageDeadError, StageError
 from omnistage.outputs import StageOutput, StageResult
+from omnistage.runtime.first_outputs import BoardSeat, FirstOutputBoard
 from omnistage.runtime.messages import (
     Abort,
     Call,
@@ -78,6 +79,7 @@ class Orchestrator:
         self.zmq = zmq.Context()
         self._tasks: list[asyncio.Task] = []
         self._holding: list[StageClient] | None = None  # clients holding messages (see _on_message)
+        self.board: FirstOutputBoard | None = None  # where a stage yields to first outputs
 
     # ---- lifecycle (called from the frontend thread) -------------------------------------------------
     def start(self) -> None:
@@ -109,6 +111,8 @@ class Orchestrator:
             for client in self._clients():
                 with contextlib.suppress(Exception):
                     client.close()
+        if self.board is not None:
+            self.board.unlink()
         for key in live_segments(os.getpid()):
             release(key)
         self.zmq.term()
@@ -123,9 +127,12 @@ class Orchestrator:
         self.pull.bind(self.outbox)
         self.codec = Codec(FromWorker, lazy=True)
         self._tasks.append(asyncio.create_task(self._receive()))
-        for spec in self.pipeline.stages:
-            settings = self.deploy.stage(spec.stage_id)
-            replicas = [self._make_client(spec, i) for i in range(settings.replicas)]
+        settings = [self.deploy.stage(spec.stage_id) for spec in self.pipeline.stages]
+        if any(s.yield_to_first_outputs for s in settings):
+            self.board = FirstOutputBoard.create(os.getpid(), sum(s.replicas for s in settings))
+        seats = itertools.count()
+        for spec, stage in zip(self.pipeline.stages, settings, strict=True):
+            replicas = [self._make_client(spec, i, next(seats)) for i in range(stage.replicas)]
             self.pools[spec.stage_id] = StagePool(spec, replicas)
         for client in self._clients():
             client.start()
@@ -144,13 +151,18 @@ class Orchestrator:
                 await asyncio.wait_for(self._changed.wait(), 0.2)
         self._tasks.append(asyncio.create_task(self._monitor()))
 
-    def _make_client(self, spec: StageSpec, replica: int) -> StageClient:
+    def _make_client(self, spec: StageSpec, replica: int, slot: int) -> StageClient:
         settings = self.deploy.stage(spec.stage_id)
         stream = spec.final_output or any(
             self.deploy.edge_async(self.pipeline, c.stage_id) for c in self.pipeline.consumers(spec.stage_id)
         )
         common = dict(
-            stage=spec, deploy=settings, replica=replica, model_dir=self.model_dir, stream_tensors=stream
+            stage=spec,
+            deploy=settings,
+            replica=replica,
+            model_dir=self.model_dir,
+            stream_tensors=stream,
+            board_seat=BoardSeat(self.board.name, slot) if self.board else None,
         )
         if settings.placement == "inline":
             return InlineStageClient(

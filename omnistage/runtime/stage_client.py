@@ -27,6 +27,7 @@ import zmq
 from omnistage.config.deploy import StageDeploy
 from omnistage.config.pipeline import StageSpec
 from omnistage.connectors.shm import ShmConnector
+from omnistage.runtime.first_outputs import BoardSeat
 from omnistage.runtime.launch import WorkerConfig, refs_to_paths, stage_to_dict
 from omnistage.runtime.messages import (
     Call,
@@ -53,6 +54,7 @@ class StageClient:
         model_dir: str | None,
         on_message: OnMessage,
         stream_tensors: bool,
+        board_seat: BoardSeat | None = None,
     ):
         self.stage = stage
         self.deploy = deploy
@@ -60,6 +62,7 @@ class StageClient:
         self.model_dir = model_dir
         self.on_message = on_message
         self.stream_tensors = stream_tensors
+        self.board_seat = board_seat  # on the pipeline's first-output board, if it has one
         self.ready = False
         self.dead = False
         self.load = 0  # requests bound to this replica
@@ -127,7 +130,12 @@ class InlineStageClient(StageClient):
             )
             return
         worker = StageWorker(
-            self.stage, engine, lambda items: self.on_message(Outputs(sid, rep, items)), self.stream_tensors
+            self.stage,
+            engine,
+            lambda items: self.on_message(Outputs(sid, rep, items)),
+            self.stream_tensors,
+            seat=self.board_seat,
+            yields=self.deploy.yield_to_first_outputs,
         )
         self.on_message(Ready(sid, rep, os.getpid(), {"device": device}))
         while not worker.stopped:
@@ -151,6 +159,7 @@ class InlineStageClient(StageClient):
                     msg = None
             if worker.has_work() and not worker.stopped:
                 worker.step()
+        worker.close()
 
     def close(self, timeout: float = 5.0) -> None:
         self.send(Shutdown())
@@ -202,6 +211,7 @@ class ProcessStageClient(StageClient):
             owner_pid=self.owner_pid,
             output_connector=self.output_connector,
             stream_tensors=self.stream_tensors,
+            board_seat=self.board_seat,
         )
         path = self.ipc_dir / f"stage-{self.stage.stage_id}-{self.replica}.json"
         path.write_bytes(msgspec.json.encode(cfg))

@@ -22,6 +22,7 @@ import torch
 from omnistage.config.deploy import StageDeploy
 from omnistage.config.pipeline import StageSpec, load_ref
 from omnistage.outputs import StageOutput, StageResult
+from omnistage.runtime.first_outputs import BoardSeat, FirstOutputBoard
 from omnistage.runtime.messages import Abort, Call, ChunkInput, Shutdown, StartRequest
 from omnistage.stages.base import EngineContext, StageInputContext, StageRequest
 
@@ -51,6 +52,10 @@ class StageWorker:
 
     `stream_tensors=False` (a stage whose tensors only feed full-handoff stages) keeps tensor deltas here
     and sends them once, joined, with the request's final output: one transfer instead of one per step.
+
+    With a `seat` on the pipeline's first-output board, the worker publishes whether its engine is
+    computing a streaming request's first output, and (`yields`) waits before a step while another replica
+    is (runtime/first_outputs.py).
     """
 
     def __init__(
@@ -59,6 +64,8 @@ class StageWorker:
         engine: Any,
         emit: Callable[[list[StageOutput]], None],
         stream_tensors: bool = True,
+        seat: BoardSeat | None = None,
+        yields: bool = False,
     ):
         self.stage = stage
         self.engine = engine
@@ -71,6 +78,10 @@ class StageWorker:
         self.held: dict[str, StageResult] = {}
         self.requests_started = 0
         self.stopped = False
+        self.seat = seat
+        self.board = FirstOutputBoard(seat.name) if seat else None
+        self.yields = yields
+        self.yielded = {"steps": 0, "seconds": 0.0}
 
     # ---- control -------------------------------------------------------------------------------------
     def handle(self, msg: Any) -> Any:
@@ -95,6 +106,8 @@ class StageWorker:
             stats["worker_requests"] = len(self.active)
             stats["requests_started"] = self.requests_started
             stats["pid"] = os.getpid()
+            if self.board is not None:
+                stats["first_output_yields"] = dict(self.yielded)
             return stats
         if method in ("sleep", "wake_up"):
             return getattr(self.engine, method)(*args)
@@ -141,12 +154,17 @@ class StageWorker:
         return self.engine.has_work()
 
     def step(self) -> None:
+        if self.board is not None:
+            self._take_turn()
         try:
             outputs = self.engine.step()
         except Exception as exc:  # the engine is in an unknown state for everything it held
             logger.exception("stage %s engine step failed", self.stage.name)
             self._fail(list(self.active), exc)
             return
+        finally:
+            if self.board is not None:
+                self.board.publish(self.seat.slot, self._first_output_pending())
         ready = [out for out in outputs if out.request_id in self.active]
         for out in ready:
             if not self.stream_tensors:
@@ -159,6 +177,25 @@ class StageWorker:
             except Exception as exc:  # e.g. an output that cannot be sent: fail those requests, not the stage
                 logger.exception("stage %s could not send outputs", self.stage.name)
                 self._fail([out.request_id for out in ready], exc)
+
+    def _first_output_pending(self) -> bool:
+        pending = getattr(self.engine, "first_output_pending", None)
+        return bool(pending and pending())
+
+    def _take_turn(self) -> None:
+        """Yield to other replicas' first outputs (unless computing one here), then say whether we are."""
+        pending = self._first_output_pending()
+        if self.yields and not pending:
+            waited = self.board.wait_for_others(self.seat.slot)
+            if waited:
+                self.yielded["steps"] += 1
+                self.yielded["seconds"] += waited
+            pending = self._first_output_pending()
+        self.board.publish(self.seat.slot, pending)
+
+    def close(self) -> None:
+        if self.board is not None:
+            self.board.close()
 
     def _hold_tensors(self, out: StageOutput) -> None:
         if out.tensors:
@@ -266,7 +303,14 @@ def main(config_path: str) -> None:
         send(StartupFailed(sid, rep, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"))
         time.sleep(0.2)
         raise SystemExit(1) from exc
-    worker = StageWorker(stage, engine, lambda items: send(Outputs(sid, rep, items)), cfg.stream_tensors)
+    worker = StageWorker(
+        stage,
+        engine,
+        lambda items: send(Outputs(sid, rep, items)),
+        cfg.stream_tensors,
+        seat=cfg.board_seat,
+        yields=cfg.deploy.yield_to_first_outputs,
+    )
     send(Ready(sid, rep, os.getpid(), {"device": device}))
 
     while not worker.stopped:
@@ -287,6 +331,7 @@ def main(config_path: str) -> None:
                     worker.handle(msg)
         if worker.has_work() and not worker.stopped:
             worker.step()
+    worker.close()
     outbox.close()
     inbox.close(linger=0)
     zctx.term()

@@ -65,6 +65,7 @@ class _Pass:
     batch: list[tuple[str, _Request, int, int]]  # (request id, state, first frame, end frame)
     spans: list[tuple[int, int]]  # per window: (frames of left context, frames emitted)
     steps: Steps[None, None, list[torch.Tensor]]
+    streaming: bool = False  # it holds a request whose input is still arriving
 
 
 @dataclasses.dataclass
@@ -148,6 +149,16 @@ class GenerationEngine:
             self._ready_span(s) is not None for s in self.requests.values() if not s.in_flight
         )
 
+    def first_output_pending(self) -> bool:
+        """Whether a streaming request's first chunk is being decoded or is ready to be: the work a user
+        waits on for first audio (stages deployed with `yield_to_first_outputs` give way to it)."""
+        if self.first_pass is not None and self.first_pass.streaming:
+            return True
+        return any(
+            s.emitted == 0 and not s.complete and not s.in_flight and self._ready_span(s) is not None
+            for s in self.requests.values()
+        )
+
     def step(self) -> list[StageOutput]:
         """Start what is due, then advance the most urgent pass by one unit."""
         ready, outputs = [], []
@@ -188,7 +199,8 @@ class GenerationEngine:
         elif getattr(self.generator, "positional", False):
             args = (windows, params, starts)
         stepwise = getattr(self.generator, "generate_steps", None)
-        return _Pass(batch, spans, stepwise(*args) if stepwise else self._one_unit(args))
+        steps = stepwise(*args) if stepwise else self._one_unit(args)
+        return _Pass(batch, spans, steps, streaming=any(not state.complete for _, state, _, _ in batch))
 
     def _one_unit(self, args: tuple[Any, ...]) -> Steps[None, None, list[torch.Tensor]]:
         return self.generator.generate(*args)
