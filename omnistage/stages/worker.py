@@ -28,6 +28,11 @@ from omnistage.stages.base import EngineContext, StageInputContext, StageRequest
 
 logger = logging.getLogger(__name__)
 
+# An idle worker that receives work waits for the burst it may belong to: until its inbox has been quiet
+# this long, or at most SETTLE_MAX_S.
+SETTLE_QUIET_MS = 3
+SETTLE_MAX_S = 0.02
+
 
 def default_input_processor(ctx: StageInputContext) -> StageRequest:
     """Entry stages get the user's prompt; others get their upstream stages' tokens and tensors."""
@@ -313,22 +318,31 @@ def main(config_path: str) -> None:
     )
     send(Ready(sid, rep, os.getpid(), {"device": device}))
 
-    while not worker.stopped:
-        timeout = 0 if worker.has_work() else 1000
-        if inbox.poll(timeout):
-            while True:
+    def drain() -> None:
+        while True:
+            try:
+                raw = inbox.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            msg = decoder.decode(raw.buffer)
+            if isinstance(msg, Call):
                 try:
-                    raw = inbox.recv(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-                msg = decoder.decode(raw.buffer)
-                if isinstance(msg, Call):
-                    try:
-                        send(CallResult(sid, rep, msg.call_id, result=worker.handle(msg)))
-                    except Exception as exc:
-                        send(CallResult(sid, rep, msg.call_id, error=f"{type(exc).__name__}: {exc}"))
-                else:
-                    worker.handle(msg)
+                    send(CallResult(sid, rep, msg.call_id, result=worker.handle(msg)))
+                except Exception as exc:
+                    send(CallResult(sid, rep, msg.call_id, error=f"{type(exc).__name__}: {exc}"))
+            else:
+                worker.handle(msg)
+
+    while not worker.stopped:
+        idle = not worker.has_work()
+        if inbox.poll(1000 if idle else 0):
+            drain()
+            # Work that wakes an idle engine often comes as a burst (requests sent together, a step's
+            # outputs): let the rest of it in first, so it starts in one batch rather than one request
+            # a step ahead of the others, out of step with them in every stage after.
+            deadline = time.monotonic() + SETTLE_MAX_S
+            while idle and time.monotonic() < deadline and inbox.poll(SETTLE_QUIET_MS):
+                drain()
         if worker.has_work() and not worker.stopped:
             worker.step()
     worker.close()
