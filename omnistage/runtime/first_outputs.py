@@ -41,9 +41,7 @@ class FirstOutputBoard:
         self.name = name
         self._shm = shared_memory.SharedMemory(name=name, create=create, size=8 * slots if create else 0)
         untrack(self._shm)
-        self._deadlines = self._shm.buf.cast("d")
-        if create:
-            self._deadlines[:] = memoryview(bytes(8 * slots)).cast("d")
+        self._deadlines = self._shm.buf.cast("d")  # a new segment is zero-filled: no seat pending
 
     @classmethod
     def create(cls, owner_pid: int, slots: int) -> FirstOutputBoard:

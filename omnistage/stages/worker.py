@@ -195,7 +195,6 @@ class StageWorker:
             if waited:
                 self.yielded["steps"] += 1
                 self.yielded["seconds"] += waited
-            pending = self._first_output_pending()
         self.board.publish(self.seat.slot, pending)
 
     def close(self) -> None:
