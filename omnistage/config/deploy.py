@@ -43,8 +43,11 @@ class StageDeploy:
     engine_args: dict[str, Any] = dataclasses.field(default_factory=dict)
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     # Where stages share CPU cores: pause this stage's steps while another stage computes a streaming
-    # request's first output (time to first audio), at most 0.5 s a step (runtime/first_outputs.py).
+    # request's first output (time to first audio), at most 0.5 s a step (runtime/stage_board.py).
     yield_to_first_outputs: bool = False
+    # Where stages share CPU cores: torch threads while no other stage replica has work (cores the others
+    # leave idle), `num_threads` otherwise; 0 or unset: off; process placement only (runtime/stage_board.py).
+    solo_threads: int | None = None
 
     def connector_from(self, stage_id: int, connectors: dict[str, dict[str, Any]]) -> dict[str, Any]:
         """The connector spec for the edge from `stage_id` into this stage."""
@@ -250,6 +253,12 @@ def _validated(stage: StageDeploy, connectors: dict[str, dict[str, Any]]) -> Sta
             raise ConfigError(f"{where}: {field} must be a positive integer")
     if not isinstance(stage.yield_to_first_outputs, bool):
         raise ConfigError(f"{where}: yield_to_first_outputs must be true or false")
+    if stage.solo_threads is not None:
+        solo = stage.solo_threads
+        if isinstance(solo, bool) or not isinstance(solo, int) or solo < 0:
+            raise ConfigError(f"{where}: solo_threads must be a non-negative integer (0: off)")
+        if solo and stage.placement != "process":
+            raise ConfigError(f"{where}: solo_threads needs placement 'process' (threads are per process)")
     if stage.placement == "inline" and stage.replicas != 1:
         raise ConfigError(f"{where}: inline placement runs exactly one replica")
     if isinstance(stage.devices, str):

@@ -9,7 +9,7 @@ import msgspec
 
 from omnistage.config.deploy import StageDeploy
 from omnistage.config.pipeline import StageSpec, ref_to_path
-from omnistage.runtime.first_outputs import BoardSeat
+from omnistage.runtime.stage_board import BoardSeat
 
 _REF_FIELDS = ("input_processor", "chunk_processor", "engine")
 

@@ -31,7 +31,6 @@ from omnistage.connectors.base import Payload
 from omnistage.connectors.shm import ShmConnector, live_segments, release, sweep_stale_segments
 from omnistage.errors import OmniError, StageDeadError, StageError
 from omnistage.outputs import StageOutput, StageResult
-from omnistage.runtime.first_outputs import BoardSeat, FirstOutputBoard
 from omnistage.runtime.messages import (
     Abort,
     Call,
@@ -46,6 +45,7 @@ from omnistage.runtime.messages import (
     iter_payloads,
 )
 from omnistage.runtime.request_state import RequestState, RequestStatus
+from omnistage.runtime.stage_board import BoardSeat, StageBoard
 from omnistage.runtime.stage_client import InlineStageClient, ProcessStageClient, StageClient
 from omnistage.runtime.stage_pool import StagePool
 
@@ -79,7 +79,7 @@ class Orchestrator:
         self.zmq = zmq.Context()
         self._tasks: list[asyncio.Task] = []
         self._holding: list[StageClient] | None = None  # clients holding messages (see _on_message)
-        self.board: FirstOutputBoard | None = None  # where a stage yields to first outputs
+        self.board: StageBoard | None = None  # where stages yield to first outputs or take idle cores
 
     # ---- lifecycle (called from the frontend thread) -------------------------------------------------
     def start(self) -> None:
@@ -128,8 +128,8 @@ class Orchestrator:
         self.codec = Codec(FromWorker, lazy=True)
         self._tasks.append(asyncio.create_task(self._receive()))
         settings = [self.deploy.stage(spec.stage_id) for spec in self.pipeline.stages]
-        if any(s.yield_to_first_outputs for s in settings):
-            self.board = FirstOutputBoard.create(os.getpid(), sum(s.replicas for s in settings))
+        if any(s.yield_to_first_outputs or s.solo_threads for s in settings):
+            self.board = StageBoard.create(os.getpid(), sum(s.replicas for s in settings))
         seats = itertools.count()
         for spec, stage in zip(self.pipeline.stages, settings, strict=True):
             replicas = [self._make_client(spec, i, next(seats)) for i in range(stage.replicas)]

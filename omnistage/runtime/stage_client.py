@@ -27,7 +27,6 @@ import zmq
 from omnistage.config.deploy import StageDeploy
 from omnistage.config.pipeline import StageSpec
 from omnistage.connectors.shm import ShmConnector
-from omnistage.runtime.first_outputs import BoardSeat
 from omnistage.runtime.launch import WorkerConfig, refs_to_paths, stage_to_dict
 from omnistage.runtime.messages import (
     Call,
@@ -39,6 +38,7 @@ from omnistage.runtime.messages import (
     StartupFailed,
     ToWorker,
 )
+from omnistage.runtime.stage_board import BoardSeat
 from omnistage.stages.worker import StageWorker, create_engine
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ class StageClient:
         self.model_dir = model_dir
         self.on_message = on_message
         self.stream_tensors = stream_tensors
-        self.board_seat = board_seat  # on the pipeline's first-output board, if it has one
+        self.board_seat = board_seat  # on the pipeline's stage board, if it has one
         self.ready = False
         self.dead = False
         self.load = 0  # requests bound to this replica

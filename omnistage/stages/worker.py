@@ -22,8 +22,8 @@ import torch
 from omnistage.config.deploy import StageDeploy
 from omnistage.config.pipeline import StageSpec, load_ref
 from omnistage.outputs import StageOutput, StageResult
-from omnistage.runtime.first_outputs import BoardSeat, FirstOutputBoard
 from omnistage.runtime.messages import Abort, Call, ChunkInput, Shutdown, StartRequest
+from omnistage.runtime.stage_board import BoardSeat, StageBoard
 from omnistage.stages.base import EngineContext, StageInputContext, StageRequest
 
 logger = logging.getLogger(__name__)
@@ -58,9 +58,10 @@ class StageWorker:
     `stream_tensors=False` (a stage whose tensors only feed full-handoff stages) keeps tensor deltas here
     and sends them once, joined, with the request's final output: one transfer instead of one per step.
 
-    With a `seat` on the pipeline's first-output board, the worker publishes whether its engine is
-    computing a streaming request's first output, and (`yields`) waits before a step while another replica
-    is (runtime/first_outputs.py).
+    With a `seat` on the pipeline's stage board (runtime/stage_board.py), the worker publishes whether its
+    engine is computing a streaming request's first output, and (`yields`) waits before a step while another
+    replica is; it marks its seat busy while its engine has work, and (`solo_threads`) steps with that many
+    torch threads while no other seat is busy.
     """
 
     def __init__(
@@ -71,6 +72,7 @@ class StageWorker:
         stream_tensors: bool = True,
         seat: BoardSeat | None = None,
         yields: bool = False,
+        solo_threads: int | None = None,
     ):
         self.stage = stage
         self.engine = engine
@@ -84,9 +86,12 @@ class StageWorker:
         self.requests_started = 0
         self.stopped = False
         self.seat = seat
-        self.board = FirstOutputBoard(seat.name) if seat else None
+        self.board = StageBoard(seat.name) if seat else None
         self.yields = yields
         self.yielded = {"steps": 0, "seconds": 0.0}
+        self.solo_threads = solo_threads if self.board is not None else None
+        self.shared_threads = self.threads = torch.get_num_threads()
+        self.solo_steps = 0
 
     # ---- control -------------------------------------------------------------------------------------
     def handle(self, msg: Any) -> Any:
@@ -113,6 +118,8 @@ class StageWorker:
             stats["pid"] = os.getpid()
             if self.board is not None:
                 stats["first_output_yields"] = dict(self.yielded)
+            if self.solo_threads:
+                stats["solo_steps"] = self.solo_steps
             return stats
         if method in ("sleep", "wake_up"):
             return getattr(self.engine, method)(*args)
@@ -170,6 +177,7 @@ class StageWorker:
         finally:
             if self.board is not None:
                 self.board.publish(self.seat.slot, self._first_output_pending())
+                self.board.set_busy(self.seat.slot, self.engine.has_work())
         ready = [out for out in outputs if out.request_id in self.active]
         for out in ready:
             if not self.stream_tensors:
@@ -188,7 +196,8 @@ class StageWorker:
         return bool(pending and pending())
 
     def _take_turn(self) -> None:
-        """Yield to other replicas' first outputs (unless computing one here), then say whether we are."""
+        """Yield to other replicas' first outputs (unless computing one here), say whether we are and that
+        we are busy, and take the idle cores if nobody else is."""
         pending = self._first_output_pending()
         if self.yields and not pending:
             waited = self.board.wait_for_others(self.seat.slot)
@@ -196,9 +205,20 @@ class StageWorker:
                 self.yielded["steps"] += 1
                 self.yielded["seconds"] += waited
         self.board.publish(self.seat.slot, pending)
+        self.board.set_busy(self.seat.slot, True)  # before looking at the others: two never both go solo
+        if self.solo_threads:
+            solo = not self.board.others_busy(self.seat.slot)
+            self._use_threads(self.solo_threads if solo else self.shared_threads)
+            self.solo_steps += solo
+
+    def _use_threads(self, threads: int) -> None:
+        if threads != self.threads:
+            torch.set_num_threads(threads)
+            self.threads = threads
 
     def close(self) -> None:
         if self.board is not None:
+            self.board.set_busy(self.seat.slot, False)
             self.board.close()
 
     def _hold_tensors(self, out: StageOutput) -> None:
@@ -314,6 +334,7 @@ def main(config_path: str) -> None:
         cfg.stream_tensors,
         seat=cfg.board_seat,
         yields=cfg.deploy.yield_to_first_outputs,
+        solo_threads=cfg.deploy.solo_threads,
     )
     send(Ready(sid, rep, os.getpid(), {"device": device}))
 

@@ -1,5 +1,5 @@
 """The first-output board: stages that give way while another replica computes a streaming request's first
-chunk (runtime/first_outputs.py)."""
+chunk, and stages that take idle cores (runtime/stage_board.py)."""
 
 import os
 import subprocess
@@ -16,8 +16,9 @@ from omnistage.config.pipeline import StageKind, StageSpec
 from omnistage.connectors.shm import live_segments
 from omnistage.errors import ConfigError
 from omnistage.params import GenerationParams
-from omnistage.runtime.first_outputs import HOLD_S, BoardSeat, FirstOutputBoard
+from omnistage.runtime import stage_board
 from omnistage.runtime.messages import StartRequest
+from omnistage.runtime.stage_board import HOLD_S, BoardSeat, StageBoard
 from omnistage.stages.base import StageRequest
 from omnistage.stages.generation.engine import GenerationEngine
 from omnistage.stages.worker import StageWorker
@@ -28,7 +29,7 @@ VOCODER = StageSpec(0, "voc", StageKind.GENERATION, final_output=True, output_mo
 
 @pytest.fixture
 def board():
-    board = FirstOutputBoard.create(os.getpid(), 3)
+    board = StageBoard.create(os.getpid(), 3)
     yield board
     board.unlink()
     assert board.name not in live_segments()
@@ -36,8 +37,8 @@ def board():
 
 CHILD_SEAT = """
 import sys
-from omnistage.runtime.first_outputs import FirstOutputBoard
-board = FirstOutputBoard(sys.argv[1])
+from omnistage.runtime.stage_board import StageBoard
+board = StageBoard(sys.argv[1])
 for line in sys.stdin:
     board.publish(2, line.strip() == "pending")
     print("done", flush=True)
@@ -130,15 +131,61 @@ def test_a_worker_publishes_its_streaming_first_chunk_while_computing_it(board):
     worker.close()
 
 
-def test_the_option_is_validated():
+def test_a_solo_worker_takes_its_solo_threads_only_while_every_other_seat_is_idle(board, monkeypatch):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        worker = StageWorker(
+            VOCODER,
+            GenerationEngine(TwoUnitVocoder(outputs_per_frame=2)),
+            [].extend,
+            seat=BoardSeat(board.name, 0),
+            solo_threads=2,
+        )
+        start(worker, "r", [1, 2, 3])  # each request takes two steps
+        worker.step()  # alone on the board: solo threads, and its own seat marked busy mid-request
+        assert torch.get_num_threads() == 2 and worker.solo_steps == 1
+        assert board.others_busy(1, quiet_s=0) and not board.others_busy(0, quiet_s=0)
+        board.set_busy(2, True)  # another replica has work: back to the deployment's threads
+        worker.step()
+        assert torch.get_num_threads() == 1 and worker.solo_steps == 1
+        assert not worker.has_work() and not board.others_busy(2, quiet_s=0)  # done: its seat is idle
+
+        start(worker, "s", [4, 5])
+        board.set_busy(2, False)
+        monkeypatch.setattr(stage_board, "SOLO_QUIET_S", 60.0)
+        worker.step()  # the other replica went idle less than SOLO_QUIET_S ago: it may be back at once
+        assert torch.get_num_threads() == 1 and worker.solo_steps == 1
+        monkeypatch.setattr(stage_board, "SOLO_QUIET_S", 0.0)
+        worker.step()
+        assert torch.get_num_threads() == 2 and worker.solo_steps == 2
+        assert worker.call("stats", [])["solo_steps"] == 2
+        worker.close()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_the_options_are_validated():
     with pytest.raises(ConfigError, match="yield_to_first_outputs must be true or false"):
         resolve_deploy(speech_pipeline(), stage_overrides={"1": {"yield_to_first_outputs": "yes"}})
+    for bad in (-1, "2", True):
+        with pytest.raises(ConfigError, match="stage 1: solo_threads must be a non-negative integer"):
+            resolve_deploy(speech_pipeline(), stage_overrides={"1": {"solo_threads": bad}})
+    with pytest.raises(ConfigError, match="stage 1: solo_threads needs placement 'process'"):
+        resolve_deploy(speech_pipeline(), stage_overrides={"1": {"solo_threads": 2, "placement": "inline"}})
+    off = resolve_deploy(speech_pipeline(), stage_overrides={"1": {"solo_threads": 0, "placement": "inline"}})
+    assert off.stage(1).solo_threads == 0
 
 
 async def test_the_orchestrator_seats_every_replica_and_removes_the_board():
+    """...and a stage process deployed with solo_threads counts its solo steps."""
     omni = AsyncOmni(
         speech_pipeline(),
-        stage_overrides={"0": {"yield_to_first_outputs": True}, "1": {"yield_to_first_outputs": True}},
+        stage_overrides={
+            "0": {"yield_to_first_outputs": True},
+            "1": {"yield_to_first_outputs": True},
+            "2": {"solo_threads": 2},
+        },
     )
     try:
         name = omni.orchestrator.board.name
@@ -147,6 +194,7 @@ async def test_the_orchestrator_seats_every_replica_and_removes_the_board():
         assert outs[-1].finished and outs[-1].error is None and len(outs[-1].token_ids) == 8
         stats = await omni.stats()
         assert all("first_output_yields" in s["result"] for s in stats["stages"])
+        assert ["solo_steps" in s["result"] for s in stats["stages"]] == [False, False, True]
     finally:
         omni._close()
     assert name not in live_segments()
