@@ -46,7 +46,8 @@ class StageDeploy:
     # request's first output (time to first audio), at most 0.5 s a step (runtime/stage_board.py).
     yield_to_first_outputs: bool = False
     # Where stages share CPU cores: torch threads while no other stage replica has work (cores the others
-    # leave idle), `num_threads` otherwise; 0 or unset: off; process placement only (runtime/stage_board.py).
+    # leave idle), `num_threads` otherwise; 0 or unset: off. Threads are per process: inline stages ignore
+    # it (runtime/stage_board.py).
     solo_threads: int | None = None
 
     def connector_from(self, stage_id: int, connectors: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -253,12 +254,9 @@ def _validated(stage: StageDeploy, connectors: dict[str, dict[str, Any]]) -> Sta
             raise ConfigError(f"{where}: {field} must be a positive integer")
     if not isinstance(stage.yield_to_first_outputs, bool):
         raise ConfigError(f"{where}: yield_to_first_outputs must be true or false")
-    if stage.solo_threads is not None:
-        solo = stage.solo_threads
-        if isinstance(solo, bool) or not isinstance(solo, int) or solo < 0:
-            raise ConfigError(f"{where}: solo_threads must be a non-negative integer (0: off)")
-        if solo and stage.placement != "process":
-            raise ConfigError(f"{where}: solo_threads needs placement 'process' (threads are per process)")
+    solo = stage.solo_threads
+    if solo is not None and (isinstance(solo, bool) or not isinstance(solo, int) or solo < 0):
+        raise ConfigError(f"{where}: solo_threads must be a non-negative integer (0: off)")
     if stage.placement == "inline" and stage.replicas != 1:
         raise ConfigError(f"{where}: inline placement runs exactly one replica")
     if isinstance(stage.devices, str):

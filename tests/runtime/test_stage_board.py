@@ -171,9 +171,7 @@ def test_the_options_are_validated():
     for bad in (-1, "2", True):
         with pytest.raises(ConfigError, match="stage 1: solo_threads must be a non-negative integer"):
             resolve_deploy(speech_pipeline(), stage_overrides={"1": {"solo_threads": bad}})
-    with pytest.raises(ConfigError, match="stage 1: solo_threads needs placement 'process'"):
-        resolve_deploy(speech_pipeline(), stage_overrides={"1": {"solo_threads": 2, "placement": "inline"}})
-    off = resolve_deploy(speech_pipeline(), stage_overrides={"1": {"solo_threads": 0, "placement": "inline"}})
+    off = resolve_deploy(speech_pipeline(), stage_overrides={"1": {"solo_threads": 0}})
     assert off.stage(1).solo_threads == 0
 
 
