@@ -61,7 +61,7 @@ class StageWorker:
     With a `seat` on the pipeline's stage board (runtime/stage_board.py), the worker publishes whether its
     engine is computing a streaming request's first output, and (`yields`) waits before a step while another
     replica is; it marks its seat busy while its engine has work, and (`solo_threads`) steps with that many
-    torch threads while no other seat is busy.
+    torch threads while every other seat has been idle for a while.
     """
 
     def __init__(
