@@ -125,3 +125,28 @@ def test_penalties() -> None:
     seq.token_ids += [2, 2, 3]
     processed = Sampler([], seed=0)._process(logits, [seq])
     assert processed[0].tolist() == pytest.approx([2.0, -2.0, 1.0 - 0.5 - 0.5, 0.5 - 0.25 - 0.5])
+
+
+@pytest.mark.unit
+def test_processing_a_batch_equals_processing_each_row_alone() -> None:
+    """The min-tokens mask and repetition penalty run over the whole batch at once; every row must still
+    come out exactly as it does alone, whatever its neighbours' settings."""
+    rng = random.Random(0)
+    settings = [
+        SamplingParams(temperature=0.0, repetition_penalty=1.05, min_tokens=5, stop_token_ids=[7, 8]),
+        SamplingParams(temperature=0.0, repetition_penalty=1.3),
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.0, repetition_penalty=1.05, allowed_token_ids=[1, 2, 3, 9, 40]),
+        SamplingParams(temperature=0.0, repetition_penalty=1.2, presence_penalty=0.5, min_tokens=3),
+        SamplingParams(temperature=0.0, min_tokens=4, stop_token_ids=[5]),
+    ]
+    seqs = [_seq(p, prompt=[rng.randrange(0, 64) for _ in range(20)]) for p in settings]
+    for seq in seqs:
+        seq.token_ids += [rng.randrange(0, 64) for _ in range(2)]
+    logits = torch.randn(len(seqs), 64, generator=torch.Generator().manual_seed(0))
+    sampler = Sampler([0], seed=0)
+    batch = sampler._process(logits, seqs)
+    for i, seq in enumerate(seqs):
+        assert torch.equal(batch[i], sampler._process(logits[i : i + 1], [seq])[0])
+    assert torch.equal(batch[2], logits[2])  # untouched settings leave the row as it was
+    assert batch[0, 7] == batch[0, 8] == batch[4, 0] == batch[5, 5] == float("-inf")  # stops, EOS masked

@@ -55,34 +55,60 @@ class Sampler:
 
     # ---- logits processing -----------------------------------------------------------------------------
     def _process(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """Per row, in order: logits processors, allowed ids, the min-tokens mask, repetition penalty,
+        presence and frequency penalties. The mask and the repetition penalty, all a talker uses every
+        step, are applied to every row at once (a talker step takes a few milliseconds; a row at a time
+        cost ~10% of it)."""
         copied = False
+        masked: list[tuple[int, list[int]]] = []
+        repeated: dict[float, list[tuple[int, torch.Tensor]]] = {}  # penalty → rows and their seen ids
         for i, seq in enumerate(seqs):
             p = seq.params
             masked_ids = self._min_tokens_mask(seq)
-            penalised = p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
-            if not (
-                masked_ids or penalised or p.allowed_token_ids is not None or seq.request.logits_processors
-            ):
+            additive = bool(p.presence_penalty or p.frequency_penalty)
+            custom = p.allowed_token_ids is not None or bool(seq.request.logits_processors)
+            if not (masked_ids or additive or custom or p.repetition_penalty != 1.0):
                 continue
             if not copied:
                 logits, copied = logits.clone(), True
-            row = logits[i]
-            for fn in seq.request.logits_processors:
-                try:
-                    row = fn(seq.output_token_ids, row)
-                except Exception as exc:  # noqa: BLE001 - a processor failure fails its own request only
-                    raise SequenceInputError(seq, exc) from exc
-            if p.allowed_token_ids is not None:
-                allowed = torch.full_like(row, NEG_INF)
-                index = torch.tensor(p.allowed_token_ids, dtype=torch.long)
-                allowed[index] = row[index]
-                row = allowed
+            if custom or additive:
+                logits[i] = self._process_row(logits[i], seq, masked_ids, additive)
+                if additive:  # done in order on its own row
+                    continue
+            if masked_ids:
+                masked.append((i, masked_ids))
+            if p.repetition_penalty != 1.0:
+                repeated.setdefault(p.repetition_penalty, []).append((i, _seen_ids(seq, logits.shape[1])))
+        if masked:
+            rows = [i for i, ids in masked for _ in ids]
+            logits[rows, [t for _, ids in masked for t in ids]] = NEG_INF
+        for penalty, seen in repeated.items():
+            rows = torch.cat([torch.full_like(ids, i) for i, ids in seen])
+            cols = torch.cat([ids for _, ids in seen])
+            vals = logits[rows, cols]
+            logits[rows, cols] = torch.where(vals > 0, vals / penalty, vals * penalty)
+        return logits
+
+    def _process_row(
+        self, row: torch.Tensor, seq: Sequence, masked_ids: list[int], additive: bool
+    ) -> torch.Tensor:
+        """Logits processors and allowed ids; with additive penalties, also everything after them."""
+        p = seq.params
+        for fn in seq.request.logits_processors:
+            try:
+                row = fn(seq.output_token_ids, row)
+            except Exception as exc:  # noqa: BLE001 - a processor failure fails its own request only
+                raise SequenceInputError(seq, exc) from exc
+        if p.allowed_token_ids is not None:
+            allowed = torch.full_like(row, NEG_INF)
+            index = torch.tensor(p.allowed_token_ids, dtype=torch.long)
+            allowed[index] = row[index]
+            row = allowed
+        if additive:
             if masked_ids:
                 row[torch.tensor(masked_ids, dtype=torch.long)] = NEG_INF
-            if penalised:
-                row = _apply_penalties(row, seq)
-            logits[i] = row
-        return logits
+            row = _apply_penalties(row, seq)
+        return row
 
     def _min_tokens_mask(self, seq: Sequence) -> list[int]:
         """Until `min_tokens` are out, the tokens that would end the sequence are not allowed."""
@@ -122,15 +148,21 @@ class Sampler:
         return tokens
 
 
+def _seen_ids(seq: Sequence, vocab: int) -> torch.Tensor:
+    """The sequence's distinct prompt and output ids that are in the vocabulary."""
+    seen = seq.distinct_token_ids()
+    if seen.numel() and (int(seen[0]) < 0 or int(seen[-1]) >= vocab):
+        seen = seen[(seen >= 0) & (seen < vocab)]
+    return seen
+
+
 def _apply_penalties(row: torch.Tensor, seq: Sequence) -> torch.Tensor:
     """Repetition penalty over prompt and output (HF/vLLM rule: divide positive logits, multiply negative
     ones); presence and frequency penalties over the output (OpenAI rule)."""
     p = seq.params
     vocab = row.shape[0]
     if p.repetition_penalty != 1.0:
-        seen = seq.distinct_token_ids()
-        if seen.numel() and (int(seen[0]) < 0 or int(seen[-1]) >= vocab):
-            seen = seen[(seen >= 0) & (seen < vocab)]
+        seen = _seen_ids(seq, vocab)
         if seen.numel():
             vals = row[seen]
             row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
