@@ -7,7 +7,7 @@ import torch
 
 from omnistage.params import SamplingParams
 from omnistage.stages.ar.lean_decoder import LeanDecoder
-from omnistage.stages.ar.packed_linear import BATCH_HINT, _packed_linear
+from omnistage.stages.ar.packed_linear import BATCH_HINT, PACKED_MAX_ROWS, _packed_linear
 from omnistage.stages.base import StageRequest
 from tests.ar.ar_helpers import make_engine, run
 from tests.ar.test_greedy import workload
@@ -50,7 +50,8 @@ def test_lean_decoder_equals_the_models_forward(arch: str) -> None:
 
 def test_fused_packed_linears_equal_the_separate_ones() -> None:
     """q/k/v (and gate/up) through one packed GEMM give exactly what each linear's own packed weight gives;
-    the linears' forwards (the model's own path) take their part of it."""
+    the linears' forwards (the model's own path) take their part of it; a long prefill's inputs take each
+    linear's own weight through the plain GEMM."""
     engine = make_engine("qwen2")  # its lean decoder has fused every layer's q/k/v and gate/up
     layer = engine.model.decoder.layers[0]
     groups = [
@@ -59,15 +60,18 @@ def test_fused_packed_linears_equal_the_separate_ones() -> None:
     ]
     qkv, gate_up = engine.runner.decoder.layers[0][5:7]
     for joint, linears in zip((qkv, gate_up), groups, strict=True):
-        for rows in (1, 8, 37):
+        for rows in (1, 8, 37, PACKED_MAX_ROWS):
             gen = torch.Generator().manual_seed(rows)
             x = torch.randn(1, rows, linears[0].weight.shape[1], generator=gen)
             with torch.inference_mode():
                 parts = joint(x)
                 for part, linear in zip(parts, linears, strict=True):
                     alone = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), BATCH_HINT)
-                    assert torch.equal(part, _packed_linear(alone, linear.bias, x))
+                    weight = linear.weight.detach()
+                    assert torch.equal(part, _packed_linear(alone, weight, linear.bias, x))
                     assert torch.equal(part, linear(x))
+                    if rows >= PACKED_MAX_ROWS:
+                        assert torch.equal(part, torch.nn.functional.linear(x, weight, linear.bias))
 
 
 def test_unknown_layers_keep_the_models_forward() -> None:
