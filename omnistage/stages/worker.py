@@ -90,7 +90,7 @@ class StageWorker:
         self.yields = yields
         self.yielded = {"steps": 0, "seconds": 0.0}
         self.solo_threads = solo_threads if self.board is not None else None
-        self.shared_threads = self.threads = torch.get_num_threads()
+        self.shared_threads = torch.get_num_threads()  # the deployment's num_threads
         self.solo_steps = 0
 
     # ---- control -------------------------------------------------------------------------------------
@@ -208,13 +208,10 @@ class StageWorker:
         self.board.set_busy(self.seat.slot, True)  # before looking at the others: two never both go solo
         if self.solo_threads:
             solo = not self.board.others_busy(self.seat.slot)
-            self._use_threads(self.solo_threads if solo else self.shared_threads)
+            threads = self.solo_threads if solo else self.shared_threads
+            if threads != torch.get_num_threads():
+                torch.set_num_threads(threads)
             self.solo_steps += solo
-
-    def _use_threads(self, threads: int) -> None:
-        if threads != self.threads:
-            torch.set_num_threads(threads)
-            self.threads = threads
 
     def close(self) -> None:
         if self.board is not None:
