@@ -45,9 +45,9 @@ class StageDeploy:
     # Where stages share CPU cores: pause this stage's steps while another stage computes a streaming
     # request's first output (time to first audio), at most 0.5 s a step (runtime/stage_board.py).
     yield_to_first_outputs: bool = False
-    # Where stages share CPU cores: torch threads while no other stage replica has work (cores the others
-    # leave idle), `num_threads` otherwise; 0 or unset: off. Threads are per process: inline stages ignore
-    # it (runtime/stage_board.py).
+    # Where stages share CPU cores: torch threads while every other stage replica has been idle for a
+    # while (cores the others leave idle), `num_threads` otherwise; 0 or unset: off. Threads are per
+    # process: inline stages ignore it (runtime/stage_board.py).
     solo_threads: int | None = None
 
     def connector_from(self, stage_id: int, connectors: dict[str, dict[str, Any]]) -> dict[str, Any]:

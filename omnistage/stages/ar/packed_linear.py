@@ -68,7 +68,7 @@ def fuse_packed(*linears: nn.Module) -> Joint | None:
     def joint(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if _rows(x) >= PACKED_MAX_ROWS:
             return tuple(F.linear(x, w, b) for w, b in originals)
-        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "").split(widths, dim=-1)
+        return _pointwise(packed, bias, x).split(widths, dim=-1)
 
     for i, module in enumerate(linears):
         module.forward = functools.partial(_part_of, joint, i)
@@ -93,4 +93,8 @@ def _packed_linear(
 ) -> torch.Tensor:
     if _rows(x) >= PACKED_MAX_ROWS:
         return F.linear(x, weight, bias)
+    return _pointwise(packed, bias, x)
+
+
+def _pointwise(packed: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
