@@ -124,14 +124,15 @@ def resolve_dtype(requested: str, model_dir: str | None, device: str) -> torch.d
         name = config.get("dtype") or config.get("torch_dtype")
         name = name or (config.get("text_config") or {}).get("dtype")
     dtype = getattr(torch, name) if isinstance(name, str) and hasattr(torch, name) else torch.float32
-    emulated = dtype in (torch.bfloat16, torch.float16) and not _cpu_has_native(dtype)
+    emulated = dtype in (torch.bfloat16, torch.float16) and not cpu_has_native(dtype)
     if torch.device(device).type == "cpu" and emulated:
         logger.info("checkpoint dtype %s has no native support on this CPU; computing in float32", dtype)
         return torch.float32
     return dtype
 
 
-def _cpu_has_native(dtype: torch.dtype) -> bool:
+def cpu_has_native(dtype: torch.dtype) -> bool:
+    """Whether oneDNN computes bf16 / fp16 natively on this CPU (else it emulates them, slowly)."""
     try:
         if dtype is torch.bfloat16:
             return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
