@@ -14,7 +14,9 @@ Rows:
   reports no TTFT; each round restarts its engine, which is not timed).
 transformers runs in the checkpoint's dtype (what a user gets by default) and, with `--hf-dtypes`, others.
 Contestants are measured round-robin `--rounds` times and each keeps its best round: on a shared machine
-load only ever slows a run, and alternating spreads any burst over every contestant.
+load only ever slows a run, and alternating spreads any burst over every contestant. The ratios are also
+printed round by round (omnistage against each contestant's run in the same round) with their median,
+since a machine whose speed swings between rounds can favour either side's best round.
 
 Memory (`--memory`): with one KV budget, how many 256-token sequences the engine holds at once, against a
 contiguous per-request cache sized for the model's max length (budget // bytes of one max-length cache).
@@ -321,10 +323,15 @@ def main() -> None:
     for row in rows:
         print_row(row)
     ours = rows[0]["tok_s"]
-    print("\nratios (omnistage tok/s / baseline tok/s):")
-    for row in rows[1:]:
-        print(f"  vs {row['name']:<40} {ours / row['tok_s']:6.2f}x")
-    figures = {"load_average": load, "rows": rows}
+    print("\nratios (omnistage tok/s / baseline tok/s): best round / best round; each round's; their median")
+    per_round = {}
+    for row, rounds in zip(rows[1:], samples[1:], strict=True):
+        ratios = [ours_r["tok_s"] / r["tok_s"] for ours_r, r in zip(samples[0], rounds, strict=True)]
+        per_round[row["name"]] = ratios
+        each = " ".join(f"{x:.2f}" for x in ratios)
+        median = statistics.median(ratios)
+        print(f"  vs {row['name']:<40} {ours / row['tok_s']:6.2f}x  [{each}]  median {median:.2f}x")
+    figures = {"load_average": load, "rows": rows, "per_round_ratios": per_round}
     if args.memory:
         figures["memory"] = memory_figure(
             args.model, args.dtype, contiguous_requests=4, seq_len=256, output_len=32
