@@ -14,8 +14,9 @@ Rows:
   reports no TTFT; each round restarts its engine, which is not timed).
 transformers runs in the checkpoint's dtype (what a user gets by default) and, with `--hf-dtypes`, others.
 Each in-process contestant (omnistage, each transformers mode) is built and measured in a process of its
-own, as the vLLM peer is: in one shared process the others' loaded models and allocations slowed the one
-measured (on a 2-core Xeon, omnistage 452-621 tok/s beside four transformers models against 730-940 alone).
+own, as the vLLM peer is, so that no contestant's loaded models and allocator state can slow another (on a
+2-core Xeon omnistage measured 452-621 tok/s in one run beside four loaded transformers models, 730-940 in
+runs without them that hour; a direct A/B stayed within that machine's noise).
 Contestants are measured round-robin `--rounds` times and each keeps its best round: on a shared machine
 load only ever slows a run, and alternating spreads any burst over every contestant. The ratios are also
 printed round by round (omnistage against each contestant's run in the same round) with their median,

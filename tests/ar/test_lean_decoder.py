@@ -75,21 +75,22 @@ def test_fused_packed_linears_equal_the_separate_ones() -> None:
                         assert torch.equal(part, torch.nn.functional.linear(x, weight, linear.bias))
 
 
-def test_bf16_linears_are_packed_exactly_where_the_cpu_computes_bf16_natively() -> None:
-    """A bf16 engine packs its linears (head, and q/k/v and gate/up through their joint GEMM) on a CPU with
-    native bf16 and leaves them alone elsewhere; packed or not, each computes its own F.linear, long inputs
-    included (bf16 keeps the packed GEMM at every size)."""
-    engine = make_engine("qwen2", dtype="bfloat16")
-    native = cpu_has_native(torch.bfloat16)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_linears_are_packed_exactly_where_the_cpu_computes_them_natively(dtype: str) -> None:
+    """A bf16 / fp16 engine packs its linears (head, and q/k/v and gate/up through their joint GEMM) on a CPU
+    with native support for the type and leaves them alone elsewhere; packed or not, each computes its own
+    F.linear, long inputs included (half types keep the packed GEMM at every size)."""
+    engine = make_engine("qwen2", dtype=dtype)
+    native = cpu_has_native(getattr(torch, dtype))
     layer = engine.model.decoder.layers[0]
-    assert engine.model.head.weight.dtype == torch.bfloat16
+    assert engine.model.head.weight.dtype == getattr(torch, dtype)
     assert _is_packed(engine.model.head) == native
     assert _is_packed(layer.mlp.down_proj) == native
     assert ("forward" in layer.self_attn.q_proj.__dict__) == native  # its part of the joint q/k/v GEMM
     for linear in (engine.model.head, layer.self_attn.q_proj, layer.mlp.up_proj, layer.mlp.down_proj):
         for rows in (1, 8, 37, PACKED_MAX_ROWS + 44):
             gen = torch.Generator().manual_seed(rows)
-            x = torch.randn(1, rows, linear.weight.shape[1], generator=gen).to(torch.bfloat16)
+            x = torch.randn(1, rows, linear.weight.shape[1], generator=gen).to(getattr(torch, dtype))
             with torch.inference_mode():
                 got = linear(x).float()
                 want = torch.nn.functional.linear(x, linear.weight, linear.bias).float()
