@@ -252,6 +252,9 @@ class VLLMPeerRun:
         prompts, tokens, wall = int(match[1]), int(match[2]), float(match[3])
         return summary(self.name, prompts * tokens, wall, [], "engine start not timed; no TTFT")
 
+    def close(self) -> None:
+        """Nothing to stop: each round's script exits by itself."""
+
 
 def best_of(samples: list[dict]) -> dict:
     """The fastest of a contestant's rounds (a shared machine only ever slows a run down), with the
@@ -363,8 +366,7 @@ def main() -> None:
             samples[i].append(contestant.measure())
             print(f"round {round_ + 1}: {contestant.name}: {samples[i][-1]['tok_s']:.1f} tok/s", flush=True)
     for contestant in contestants:
-        if isinstance(contestant, InOwnProcess):
-            contestant.close()
+        contestant.close()
     rows = [best_of(s) for s in samples]
     print()
     for row in rows:

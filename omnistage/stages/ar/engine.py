@@ -6,8 +6,9 @@ synchronous and single-threaded; the worker loop adds and aborts requests betwee
 
 engine_args (all optional): block_size (16), enable_prefix_caching (True), kv_cache_memory_fraction (0.1
 of free memory when the deploy sets no kv_cache_bytes), max_model_len (the config's
-max_position_embeddings), cpu_packed_linear (True: float32 linears on CPU run on prepacked oneDNN
-weights, see packed_linear.py), scheduling_policy ("fcfs" | "priority"), seed (unseeded sampling),
+max_position_embeddings), cpu_packed_linear (True: float32 linears on CPU, and bf16/fp16 ones where the
+CPU computes them natively, run on prepacked oneDNN weights, see packed_linear.py), scheduling_policy
+("fcfs" | "priority"), seed (unseeded sampling),
 model_loader and step_embed_hook ("module:function", see loader.py and model_runner.py), step_ready_hook
 ("module:function", `fn(request_inputs, step) -> bool`: whether the inputs the step hook needs for generated
 token `step` have arrived; a request added with `streaming_input` gets more of them through `add_chunk`,
