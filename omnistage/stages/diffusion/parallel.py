@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from omnistage.errors import ConfigError
+from omnistage.stages.diffusion import text_padding
 from omnistage.stages.diffusion.offload import set_module_attention_backend
 
 logger = logging.getLogger(__name__)
@@ -242,6 +243,7 @@ def load_transformers(model_dir: str, dtype: str) -> dict[str, torch.nn.Module]:
                 model_dir, subfolder=name, dtype=DTYPES.get(dtype, torch.float32)
             )
             modules[name].eval()
+            text_padding.install(modules[name])  # as rank 0's pipeline (runner.load_pipeline)
     return modules
 
 

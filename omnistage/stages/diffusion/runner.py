@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from omnistage.errors import InvalidRequestError
-from omnistage.stages.diffusion import offload
+from omnistage.stages.diffusion import offload, text_padding
 from omnistage.stages.diffusion.adapters import PipelineAdapter, StepAdapter, adapter_for
 from omnistage.stages.diffusion.cache import StepCache, validate
 from omnistage.stages.diffusion.parallel import LocalExecutor, make_executor
@@ -24,12 +24,15 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 
 def load_pipeline(model_dir: str, dtype: str = "auto", device: str = "cpu") -> Any:
-    """A diffusers pipeline from a local directory (`model_index.json`); never downloads."""
+    """A diffusers pipeline from a local directory (`model_index.json`); never downloads. Its Wan
+    cross-attention runs on collapsed prompt padding (`text_padding`)."""
     from diffusers import DiffusionPipeline
 
     torch_dtype = DTYPES.get(dtype, torch.float32 if device == "cpu" else torch.bfloat16)
     pipe = DiffusionPipeline.from_pretrained(model_dir, dtype=torch_dtype, local_files_only=True)
     pipe.set_progress_bar_config(disable=True)
+    for module in offload.transformers_of(pipe):
+        text_padding.install(module)
     return pipe.to(device)
 
 
