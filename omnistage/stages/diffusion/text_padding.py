@@ -5,11 +5,12 @@ transformer attends to every row, so a ten-token caption costs 512 keys in each 
 The padding rows are identical, and so are their keys and values: n identical keys with score s add
 n * e^s * v to the softmax, exactly what one of them adds with score s + ln n. `PaddedPromptProcessor`
 therefore keeps each prompt's rows up to its first padding row and gives the padding rows it keeps the score
-bias that makes them count for all of them. The result equals full attention up to float rounding (a 20-step
-video of the demo model: max abs diff 7e-6) and a CFG forward of the demo model runs 1.2x faster.
+bias that makes them count for all of them. The result equals full attention up to float rounding (20-step
+videos of the demo model: within 1e-5 of plain diffusers) and a CFG forward of the demo model runs 1.2x
+faster (benchmarks/RESULTS.md).
 
-Only where it is exact and supported: text cross-attention (no image context, whose split assumes the full
-512 rows) and attention backends that take an additive mask.
+Only where it is exact and supported: text cross-attention (not with an image context, whose split assumes
+the full 512 rows) and attention backends that take an additive mask (not the flash kernels).
 """
 
 from __future__ import annotations
