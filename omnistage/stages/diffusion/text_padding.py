@@ -41,7 +41,13 @@ def collapse_padding(text: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | N
 
 
 class PaddedPromptProcessor(WanAttnProcessor):
-    """Wan's attention processor; text cross-attention runs on the collapsed prompt."""
+    """Wan's attention processor; text cross-attention runs on the collapsed prompt. One instance serves all
+    of a transformer's cross-attentions: within a forward every block sees the same prompt tensor, so its
+    padding is found once per forward (about 0.2 ms at 2 x 512 rows), not once per block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._last: tuple[torch.Tensor | None, Any] = (None, None)  # (prompt tensor, its collapsed form)
 
     def __call__(
         self,
@@ -57,19 +63,23 @@ class PaddedPromptProcessor(WanAttnProcessor):
             and attn.add_k_proj is None
             and _backend_name(self._attention_backend) in MASKED_BACKENDS
         ):
-            encoder_hidden_states, attention_mask = collapse_padding(encoder_hidden_states)
+            if self._last[0] is not encoder_hidden_states:
+                self._last = (encoder_hidden_states, collapse_padding(encoder_hidden_states))
+            encoder_hidden_states, attention_mask = self._last[1]
         return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb)
 
 
 def install(module: torch.nn.Module) -> int:
-    """Give every plain Wan cross-attention under `module` the collapsing processor; returns how many."""
-    count = 0
+    """Give every plain Wan cross-attention under `module` the (one, shared) collapsing processor; returns
+    how many."""
+    count, processor = 0, None
     for sub in module.modules():
         plain = type(getattr(sub, "processor", None)) is WanAttnProcessor
         if plain and getattr(sub, "is_cross_attention", False):
-            processor = PaddedPromptProcessor()
-            processor._attention_backend = sub.processor._attention_backend
-            processor._parallel_config = sub.processor._parallel_config
+            if processor is None:
+                processor = PaddedPromptProcessor()
+                processor._attention_backend = sub.processor._attention_backend
+                processor._parallel_config = sub.processor._parallel_config
             sub.set_processor(processor)
             count += 1
     return count
