@@ -3,7 +3,7 @@
 On a 2-core Xeon a decode step of 32 sequences spent about a quarter of its time in attention: gathering each
 sequence's keys and values out of the paged cache into padded copies, then SDPA on many tiny problems. The
 kernel reads the cache rows in place and does all of a sequence's heads in one task (the engine's decode
-steps were 8-17% faster with it, benchmarks/RESULTS.md). It needs AVX-512 and a C++ compiler; anywhere else,
+steps were 8-13% faster with it, benchmarks/RESULTS.md). It needs AVX-512 and a C++ compiler; anywhere else,
 or with OMNISTAGE_NATIVE_KERNELS=0, attention stays on torch SDPA. `make setup` builds it
 (`python -m omnistage.stages.ar.native`), so the first engine start does not wait for the compiler; the
 build lives under torch's extension cache (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions).
