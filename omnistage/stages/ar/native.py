@@ -29,14 +29,10 @@ SWITCH = "OMNISTAGE_NATIVE_KERNELS"  # "0": torch ops only
 DTYPES = (torch.float32, torch.bfloat16)
 
 
-def enabled() -> bool:
-    return os.environ.get(SWITCH, "1") != "0"
-
-
 @functools.cache
 def kernels() -> Any | None:
     """The compiled module, or None (the reason logged once) where it cannot be used here."""
-    if not enabled():
+    if os.environ.get(SWITCH, "1") == "0":
         return None
     if torch.backends.cpu.get_cpu_capability() != "AVX512":
         logger.info("native decode attention off: this CPU has no AVX-512")
