@@ -10,6 +10,13 @@ sequences) a decode step takes 7.6 ms this way against 8.1-8.9 ms through the mo
 
 Only layer types whose arithmetic is known are run this way (`supports`); anything else keeps the model's
 own forward.
+
+Where the native kernels are built (native.py: AVX-512 CPUs) and every joint GEMM is packed, each layer's
+pointwise work runs as four native calls instead of some thirty torch ops: RMS norm fused with the residual
+add before it, rotary embedding in place on the q/k/v GEMM's output, and SiLU-times-up. Rotary is
+bit-identical there; the norms sum their squares in another order, and float32 SiLU uses another e^x, so
+hidden states differ from the model's forward by float rounding (bf16 ones almost never), and greedy tokens
+equal transformers' (tested). `native_ops = None` keeps the torch ops.
 """
 
 from __future__ import annotations
@@ -21,8 +28,9 @@ import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from omnistage.stages.ar import native
 from omnistage.stages.ar.attention import paged_attention_forward
-from omnistage.stages.ar.packed_linear import Joint, fuse_packed
+from omnistage.stages.ar.packed_linear import Joint, JointLinear, fuse_packed
 
 # (decoder layer, attention, RMS norm) classes whose forward is: pre-norm attention with rotary q/k, a
 # residual, pre-norm gated MLP, a residual; RMS norm = weight * x * rsqrt(mean(x²) + eps).
@@ -80,6 +88,22 @@ class LeanDecoder:
             )
             for layer in model.layers
         ]
+        self.norms = [layer.input_layernorm for layer in model.layers] + [model.norm]
+        self.native_ops = self._native_ops()
+
+    def _native_ops(self) -> Any | None:
+        """The native kernels where they apply to every layer: built here, packed joint GEMMs, norm weights
+        of one float32/bf16 dtype on the CPU."""
+        ops = native.kernels()
+        weights = [n.weight for n in self.norms] + [layer[2].weight for layer in self.layers]
+        dtypes = {w.dtype for w in weights}
+        joints = [j for layer in self.layers for j in layer[5:7]]
+        if ops is None or len(dtypes) != 1 or dtypes.pop() not in native.DTYPES:
+            return None
+        on_cpu = all(w.device.type == "cpu" for w in weights)
+        if not on_cpu or not all(isinstance(j, JointLinear) for j in joints):
+            return None
+        return ops
 
     def __call__(
         self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, **kwargs: Any
@@ -88,6 +112,9 @@ class LeanDecoder:
         kwargs.pop("use_cache", None)
         h = inputs_embeds if self.input_proj is None else self.input_proj(inputs_embeds)
         cos, sin = self.model.rotary_emb(h, position_ids)
+        ops = self.native_ops
+        if ops is not None and h.dtype == self.norms[0].weight.dtype and h.device.type == "cpu":
+            return types.SimpleNamespace(last_hidden_state=self._native_forward(ops, h, cos, sin, kwargs))
         batch, length, _ = h.shape
         for norm_in, attn, norm_post, mlp, head_dim, qkv, gate_up in self.layers:
             x = norm_in.forward(h)
@@ -99,6 +126,30 @@ class LeanDecoder:
             gate, up = gate_up(x)
             h = h + mlp.down_proj.forward(F.silu(gate) * up)
         return types.SimpleNamespace(last_hidden_state=self.model.norm.forward(h))
+
+    def _native_forward(
+        self, ops: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kwargs: dict[str, Any]
+    ) -> torch.Tensor:
+        """The same layers through the native pointwise kernels; each residual add is fused with the norm
+        that follows it (the next layer's input norm, and the final norm after the last layer)."""
+        batch, length, _ = h.shape
+        cos, sin = cos.contiguous(), sin.contiguous()
+        h = h.contiguous()
+        x = ops.rms_norm(h, self.norms[0].weight, self.norms[0].variance_epsilon)
+        for (_, attn, norm_post, mlp, head_dim, qkv, gate_up), norm_next in zip(
+            self.layers, self.norms[1:], strict=True
+        ):
+            fused = qkv.whole(x)
+            ops.rotary_(fused, cos, sin, (qkv.widths[0] + qkv.widths[1]) // head_dim, head_dim)
+            q, k, v = (
+                part.view(batch, length, -1, head_dim).transpose(1, 2) for part in fused.split(qkv.widths, -1)
+            )
+            out, _ = paged_attention_forward(attn, q, k, v, None, scaling=attn.scaling, **kwargs)
+            attended = attn.o_proj.forward(out.reshape(batch, length, -1).contiguous())
+            h, x = ops.add_rms_norm(h, attended, norm_post.weight, norm_post.variance_epsilon)
+            mixed = mlp.down_proj.forward(ops.silu_mul(gate_up.whole(x)))
+            h, x = ops.add_rms_norm(h, mixed, norm_next.weight, norm_next.variance_epsilon)
+        return x
 
 
 def _joint(*linears: torch.nn.Module) -> Joint:

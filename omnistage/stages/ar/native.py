@@ -1,10 +1,12 @@
-"""The AR engine's native CPU kernel (csrc/paged_decode.cpp), compiled once on the machine that runs it.
+"""The AR engine's native CPU kernels (csrc/), compiled once on the machine that runs them.
 
 On a 2-core Xeon a decode step of 32 sequences spent about a quarter of its time in attention: gathering each
 sequence's keys and values out of the paged cache into padded copies, then SDPA on many tiny problems. The
-kernel reads the cache rows in place and does all of a sequence's heads in one task (the engine's decode
-steps were 8-13% faster with it, benchmarks/RESULTS.md). It needs AVX-512 and a C++ compiler; anywhere else,
-or with OMNISTAGE_NATIVE_KERNELS=0, attention stays on torch SDPA. `make setup` builds it
+decode kernel (paged_decode.cpp) reads the cache rows in place and does all of a sequence's heads in one
+task (the engine's decode steps were 8-13% faster with it, benchmarks/RESULTS.md). The pointwise kernels
+(decoder_pointwise.cpp: RMS norm with its residual add, rotary embedding, SiLU-times-up) replace some thirty
+tiny torch ops per layer with four calls. They need AVX-512 and a C++ compiler; anywhere else, or with
+OMNISTAGE_NATIVE_KERNELS=0, the engine stays on torch ops (SDPA for attention). `make setup` builds it
 (`python -m omnistage.stages.ar.native`), so the first engine start does not wait for the compiler; the
 build lives under torch's extension cache (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions).
 """
@@ -23,8 +25,12 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("csrc") / "paged_decode.cpp"
-FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mfma", "-fopenmp"]
+CSRC = Path(__file__).with_name("csrc")
+# no FMA contraction: the pointwise kernels round like the torch ops they replace
+FLAGS = [
+    *("-O3", "-fopenmp", "-ffp-contract=off"),
+    *("-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mfma"),
+]
 SWITCH = "OMNISTAGE_NATIVE_KERNELS"  # "0": torch ops only
 DTYPES = (torch.float32, torch.bfloat16)
 
@@ -35,15 +41,18 @@ def kernels() -> Any | None:
     if os.environ.get(SWITCH, "1") == "0":
         return None
     if torch.backends.cpu.get_cpu_capability() != "AVX512":
-        logger.info("native decode attention off: this CPU has no AVX-512")
+        logger.info("native AR kernels off: this CPU has no AVX-512")
         return None
     try:
         from torch.utils.cpp_extension import load
 
-        digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:12]
-        return load(f"omnistage_paged_decode_{digest}", [str(SOURCE)], extra_cflags=FLAGS, verbose=False)
+        files = sorted(CSRC.glob("*.cpp")) + sorted(CSRC.glob("*.h"))
+        text = b"".join(f.read_bytes() for f in files) + " ".join(FLAGS).encode()
+        digest = hashlib.sha256(text).hexdigest()
+        sources = [str(f) for f in files if f.suffix == ".cpp"]
+        return load(f"omnistage_ar_native_{digest[:12]}", sources, extra_cflags=FLAGS, verbose=False)
     except Exception as exc:  # noqa: BLE001 - no compiler / ninja / headers: torch SDPA still works
-        logger.warning("native decode attention off, the kernel did not build: %s", exc)
+        logger.warning("native AR kernels off, they did not build: %s", exc)
         return None
 
 
@@ -76,10 +85,10 @@ def paged_decode(
 
 
 def main() -> int:
-    """Builds the kernel now (set-up calls this); never fails set-up, only says what it found."""
+    """Builds the kernels now (set-up calls this); never fails set-up, only says what it found."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     built = kernels() is not None
-    print(f"omnistage native decode attention: {'built' if built else 'not used here (torch SDPA)'}")
+    print(f"omnistage native AR kernels: {'built' if built else 'not used here (torch ops)'}")
     return 0
 
 

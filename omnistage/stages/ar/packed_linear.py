@@ -59,28 +59,40 @@ def pack_linears(model: nn.Module, batch_hint: int = BATCH_HINT) -> int:
     return count
 
 
-def fuse_packed(*linears: nn.Module) -> Joint | None:
-    """Packed linears that read the same input (q/k/v, gate/up) as one packed GEMM returning each one's
-    output; None unless all of them are packed. oneDNN computes every output column from its own weight
-    row, so the results are bit-identical to the separate packed calls (a test checks it); one call instead
-    of several saves their fixed per-call cost at decode batch sizes. Each linear's own forward then takes
-    its part of the joint GEMM, so their separate packed copies are freed (same results, same memory)."""
+class JointLinear:
+    """Packed linears that read the same input (q/k/v, gate/up) as one packed GEMM. Called, it returns each
+    linear's output; `whole` returns them side by side in one tensor (what a fused pointwise kernel reads).
+    oneDNN computes every output column from its own weight row, so the results are bit-identical to the
+    separate packed calls (a test checks it); one call instead of several saves their fixed per-call cost
+    at decode batch sizes."""
+
+    def __init__(self, linears: tuple[nn.Module, ...]):
+        self.widths = [int(m.weight.shape[0]) for m in linears]
+        weight = torch.cat([m.weight.detach() for m in linears])
+        self.bias = None if linears[0].bias is None else torch.cat([m.bias.detach() for m in linears])
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, BATCH_HINT)
+        del weight  # only the packed copy is kept (large inputs use each linear's own weight)
+        self.originals = [(m.weight.detach(), None if m.bias is None else m.bias.detach()) for m in linears]
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if _plain_is_faster(x):
+            return tuple(F.linear(x, w, b) for w, b in self.originals)
+        return self.whole(x).split(self.widths, dim=-1)
+
+    def whole(self, x: torch.Tensor) -> torch.Tensor:
+        if _plain_is_faster(x):
+            return torch.cat([F.linear(x, w, b) for w, b in self.originals], dim=-1)
+        return _pointwise(self.packed, self.bias, x)
+
+
+def fuse_packed(*linears: nn.Module) -> JointLinear | None:
+    """The joint GEMM of packed linears sharing their input; None unless all of them are packed. Each
+    linear's own forward then takes its part of the joint GEMM, so their separate packed copies are freed
+    (same results, same memory)."""
     biases = [m.bias for m in linears]
     if not all(_is_packed(m) for m in linears) or len({b is None for b in biases}) > 1:
         return None
-    widths = [int(m.weight.shape[0]) for m in linears]
-    weight = torch.cat([m.weight.detach() for m in linears])
-    bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight, BATCH_HINT)
-
-    del weight  # only the packed copy is kept (large inputs use each linear's own weight)
-    originals = [(m.weight.detach(), None if m.bias is None else m.bias.detach()) for m in linears]
-
-    def joint(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if _plain_is_faster(x):
-            return tuple(F.linear(x, w, b) for w, b in originals)
-        return _pointwise(packed, bias, x).split(widths, dim=-1)
-
+    joint = JointLinear(linears)
     for i, module in enumerate(linears):
         module.forward = functools.partial(_part_of, joint, i)
     return joint

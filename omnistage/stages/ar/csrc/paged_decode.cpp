@@ -8,42 +8,17 @@
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
-#include <immintrin.h>
+
+#include "vec512.h"
 
 #include <cmath>
 #include <vector>
 
 namespace {
 
-constexpr int64_t kLanes = 16;
+using namespace omni_native;
+
 constexpr int64_t kMaxHeadDim = 256;
-
-inline __m512 load16(const c10::BFloat16* p) {
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-
-inline __mmask16 tail_mask(int64_t left) {
-  return left >= kLanes ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
-}
-
-// e^x to about 1 ulp (the Cephes expf polynomial after reducing x by multiples of ln 2).
-inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.f)), _mm512_set1_ps(-87.f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-  return _mm512_scalef_ps(p, n);
-}
 
 // row[0:len] = softmax(row[0:len]), len >= 1.
 inline void softmax_in_place(float* row, int64_t len) {
@@ -167,8 +142,4 @@ void paged_decode(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, tor
     decode(out.data_ptr<float>(), q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
            rp, sp, lp, s);
   }
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode, "decode attention from the paged KV cache, written into out");
 }
