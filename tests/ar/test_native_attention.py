@@ -57,6 +57,8 @@ def test_the_kernel_builds_on_this_cpu() -> None:
         (4, 2, 16, torch.float32, 1e-5),
         (12, 4, 64, torch.float32, 1e-5),
         (8, 8, 128, torch.float32, 1e-5),
+        (4, 2, 48, torch.float32, 1e-5),
+        (2, 1, 256, torch.float32, 1e-5),
         (12, 4, 64, torch.bfloat16, 2e-2),
         (6, 1, 32, torch.bfloat16, 2e-2),
     ],

@@ -2,9 +2,10 @@
 //
 // torch's path gathers every decoding sequence's keys and values into padded copies, then runs SDPA on
 // many tiny (3 queries x ~100 keys) problems; on a 2-core Xeon that was ~25% of a decode step. Here one
-// task per sequence reads its cache rows in slot order (a block's rows for all KV heads are contiguous),
-// prefetches two slots ahead, and computes scores, softmax and the weighted sum in float32 for all of its
-// query heads at once, writing each output row in place.
+// task per sequence reads its cache rows in place, in slot order and prefetched ahead, and computes
+// scores, softmax and the weighted sum in float32, writing each output row in place. Scores are summed 16
+// keys at a time with one transposing reduction, and a head's vectors stay in registers (the head dim is
+// a template parameter): on the benchmark's shapes that took the kernel from 4.7 to 2.5 ms of a step.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -53,55 +54,110 @@ struct Shape {
   float scale;
 };
 
-template <typename T>
+// Lane i of the result = the sum of v[i]'s 16 lanes: four rounds of pairwise shuffles and adds (45 ops,
+// against some 130 for 16 separate horizontal sums).
+inline __m512 sum16x16(__m512 v[16]) {
+  __m512 pairs[8], quads[4];
+  for (int i = 0; i < 8; ++i)  // per 128-bit chunk: [a0+a2, b0+b2, a1+a3, b1+b3]
+    pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i)  // per chunk: partial sums of 4 vectors, in order
+    quads[i] = _mm512_add_ps(_mm512_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 low = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(quads[0], quads[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 high = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(low, high, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(low, high, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// One sequence's attention, head dim VECS * 16 (a template so that a head's vectors live in registers).
+// For each KV head: scores of each of its query heads against 16 keys at a time, softmax, then the
+// weighted sum of values two keys at a time (two independent accumulator sets).
+template <int VECS, typename T>
+void decode_sequence(T* ob, const T* qb, const T* kc, const T* vc, const int64_t* seq_slots, int64_t len,
+                     const Shape& s, float* scores) {
+  const int64_t group = s.q_heads / s.kv_heads, row_elems = s.kv_heads * s.dim;
+  for (int64_t h = 0; h < s.kv_heads; ++h) {
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t hq = h * group + g;
+      __m512 qv[VECS];
+      for (int v = 0; v < VECS; ++v)
+        qv[v] = _mm512_mul_ps(load16(qb + hq * s.q_head + v * kLanes), _mm512_set1_ps(s.scale));
+      float* row = scores + hq * s.width;
+      for (int64_t j0 = 0; j0 < len; j0 += kLanes) {
+        const int64_t n = std::min<int64_t>(kLanes, len - j0);
+        if (g == 0)  // the next 16 keys of this head (later query heads find them in cache)
+          for (int64_t j = j0 + kLanes; j < std::min(len, j0 + 2 * kLanes); ++j)
+            prefetch_row(kc + seq_slots[j] * row_elems + h * s.dim, s.dim * sizeof(T));
+        __m512 dots[kLanes];
+#pragma GCC unroll 16
+        for (int jj = 0; jj < kLanes; ++jj) {
+          if (jj >= n) {
+            dots[jj] = _mm512_setzero_ps();
+            continue;
+          }
+          const T* krow = kc + seq_slots[j0 + jj] * row_elems + h * s.dim;
+          __m512 dot = _mm512_mul_ps(qv[0], load16(krow));
+          for (int v = 1; v < VECS; ++v) dot = _mm512_fmadd_ps(qv[v], load16(krow + v * kLanes), dot);
+          dots[jj] = dot;
+        }
+        _mm512_mask_storeu_ps(row + j0, tail_mask(n), sum16x16(dots));
+      }
+      softmax_in_place(row, len);
+      __m512 even[VECS], odd[VECS];
+      for (int v = 0; v < VECS; ++v) even[v] = odd[v] = _mm512_setzero_ps();
+      int64_t j = 0;
+      for (; j + 1 < len; j += 2) {
+        if (j + 9 < len) {
+          prefetch_row(vc + seq_slots[j + 8] * row_elems + h * s.dim, s.dim * sizeof(T));
+          prefetch_row(vc + seq_slots[j + 9] * row_elems + h * s.dim, s.dim * sizeof(T));
+        }
+        const T* v0 = vc + seq_slots[j] * row_elems + h * s.dim;
+        const T* v1 = vc + seq_slots[j + 1] * row_elems + h * s.dim;
+        const __m512 p0 = _mm512_set1_ps(row[j]), p1 = _mm512_set1_ps(row[j + 1]);
+        for (int v = 0; v < VECS; ++v) {
+          even[v] = _mm512_fmadd_ps(p0, load16(v0 + v * kLanes), even[v]);
+          odd[v] = _mm512_fmadd_ps(p1, load16(v1 + v * kLanes), odd[v]);
+        }
+      }
+      if (j < len) {
+        const T* v0 = vc + seq_slots[j] * row_elems + h * s.dim;
+        const __m512 p0 = _mm512_set1_ps(row[j]);
+        for (int v = 0; v < VECS; ++v) even[v] = _mm512_fmadd_ps(p0, load16(v0 + v * kLanes), even[v]);
+      }
+      for (int v = 0; v < VECS; ++v)
+        store16(ob + hq * s.o_head + v * kLanes, _mm512_add_ps(even[v], odd[v]), tail_mask(kLanes));
+    }
+  }
+}
+
+template <int VECS, typename T>
 void decode(T* out, const T* q, const T* kc, const T* vc, const int64_t* rows, const int64_t* slots,
             const int64_t* lens, const Shape& s) {
-  const int64_t group = s.q_heads / s.kv_heads, vecs = s.dim / kLanes, row_elems = s.kv_heads * s.dim;
   at::parallel_for(0, s.seqs, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(s.q_heads * s.dim), acc(s.q_heads * s.dim), scores(s.q_heads * s.width);
-    for (int64_t b = begin; b < end; ++b) {
-      const int64_t len = lens[b];
-      const int64_t* seq_slots = slots + b * s.width;
-      const T* qb = q + rows[b] * s.q_row;
-      for (int64_t hq = 0; hq < s.q_heads; ++hq)
-        for (int64_t v = 0; v < vecs; ++v)
-          _mm512_storeu_ps(&qf[hq * s.dim + v * kLanes],
-                           _mm512_mul_ps(load16(qb + hq * s.q_head + v * kLanes), _mm512_set1_ps(s.scale)));
-      for (int64_t j = 0; j < len; ++j) {
-        if (j + 2 < len) prefetch_row(kc + seq_slots[j + 2] * row_elems, row_elems * sizeof(T));
-        const T* krow = kc + seq_slots[j] * row_elems;
-        for (int64_t h = 0; h < s.kv_heads; ++h) {
-          __m512 k[kMaxHeadDim / kLanes];
-          for (int64_t v = 0; v < vecs; ++v) k[v] = load16(krow + h * s.dim + v * kLanes);
-          for (int64_t g = 0; g < group; ++g) {
-            const float* qh = &qf[(h * group + g) * s.dim];
-            __m512 dot = _mm512_mul_ps(_mm512_loadu_ps(qh), k[0]);
-            for (int64_t v = 1; v < vecs; ++v) dot = _mm512_fmadd_ps(_mm512_loadu_ps(qh + v * kLanes), k[v], dot);
-            scores[(h * group + g) * s.width + j] = _mm512_reduce_add_ps(dot);
-          }
-        }
-      }
-      for (int64_t hq = 0; hq < s.q_heads; ++hq) softmax_in_place(&scores[hq * s.width], len);
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t j = 0; j < len; ++j) {
-        if (j + 2 < len) prefetch_row(vc + seq_slots[j + 2] * row_elems, row_elems * sizeof(T));
-        const T* vrow = vc + seq_slots[j] * row_elems;
-        for (int64_t h = 0; h < s.kv_heads; ++h) {
-          for (int64_t v = 0; v < vecs; ++v) {
-            const __m512 val = load16(vrow + h * s.dim + v * kLanes);
-            for (int64_t g = 0; g < group; ++g) {
-              const int64_t hq = h * group + g;
-              float* a = &acc[hq * s.dim + v * kLanes];
-              _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_set1_ps(scores[hq * s.width + j]), val, _mm512_loadu_ps(a)));
-            }
-          }
-        }
-      }
-      T* ob = out + rows[b] * s.o_row;
-      for (int64_t hq = 0; hq < s.q_heads; ++hq)
-        for (int64_t d = 0; d < s.dim; ++d) ob[hq * s.o_head + d] = static_cast<T>(acc[hq * s.dim + d]);
-    }
+    std::vector<float> scores(s.q_heads * s.width);
+    for (int64_t b = begin; b < end; ++b)
+      decode_sequence<VECS>(out + rows[b] * s.o_row, q + rows[b] * s.q_row, kc, vc, slots + b * s.width, lens[b],
+                            s, scores.data());
   });
+}
+
+// decode<dim / 16> for the head dims the kernel takes.
+template <typename T>
+void decode_any(T* out, const T* q, const T* kc, const T* vc, const int64_t* rows, const int64_t* slots,
+                const int64_t* lens, const Shape& s) {
+  switch (s.dim / kLanes) {
+#define OMNI_DECODE_CASE(n) \
+  case n:                   \
+    return decode<n>(out, q, kc, vc, rows, slots, lens, s);
+    OMNI_DECODE_CASE(1) OMNI_DECODE_CASE(2) OMNI_DECODE_CASE(3) OMNI_DECODE_CASE(4)
+    OMNI_DECODE_CASE(5) OMNI_DECODE_CASE(6) OMNI_DECODE_CASE(7) OMNI_DECODE_CASE(8)
+    OMNI_DECODE_CASE(9) OMNI_DECODE_CASE(10) OMNI_DECODE_CASE(11) OMNI_DECODE_CASE(12)
+    OMNI_DECODE_CASE(13) OMNI_DECODE_CASE(14) OMNI_DECODE_CASE(15) OMNI_DECODE_CASE(16)
+#undef OMNI_DECODE_CASE
+  }
+  TORCH_CHECK(false, "head dim must be a multiple of 16, at most 256");
 }
 
 }  // namespace
@@ -135,11 +191,11 @@ void paged_decode(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, tor
       TORCH_CHECK(sp[b * s.width + j] >= 0 && sp[b * s.width + j] < num_slots, "cache slot out of range");
   }
   if (q.scalar_type() == at::kBFloat16) {
-    decode(out.data_ptr<c10::BFloat16>(), q.data_ptr<c10::BFloat16>(), k_cache.data_ptr<c10::BFloat16>(),
+    decode_any(out.data_ptr<c10::BFloat16>(), q.data_ptr<c10::BFloat16>(), k_cache.data_ptr<c10::BFloat16>(),
            v_cache.data_ptr<c10::BFloat16>(), rp, sp, lp, s);
   } else {
     TORCH_CHECK(q.scalar_type() == at::kFloat, "float32 or bfloat16 only");
-    decode(out.data_ptr<float>(), q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
+    decode_any(out.data_ptr<float>(), q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
            rp, sp, lp, s);
   }
 }
