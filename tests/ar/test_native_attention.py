@@ -92,3 +92,23 @@ def test_bad_indices_raise_instead_of_reading_out_of_bounds() -> None:
     with pytest.raises(RuntimeError, match="query row out of range"):
         slots = torch.tensor([[1, 2, 3]] * 2)
         native.paged_decode(out, q, cache, cache, torch.tensor([0, 2]), slots, lens, 0.25)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cache_write_equals_index_copy(dtype: torch.dtype) -> None:
+    """This step's keys and values, views of a packed q/k/v projection, land in their slots exactly as
+    index_copy_ puts them; nothing else in the cache changes; a bad slot raises."""
+    gen = torch.Generator().manual_seed(3)
+    heads, kv_heads, dim, rows = 4, 2, 16, 5
+    fused = torch.randn(rows, (heads + 2 * kv_heads) * dim, generator=gen).to(dtype)
+    k = fused[:, heads * dim : (heads + kv_heads) * dim].view(rows, kv_heads, dim)
+    v = fused[:, (heads + kv_heads) * dim :].view(rows, kv_heads, dim)
+    slots = torch.tensor([7, 0, 19, 3, 12])
+    caches = [torch.randn(20, kv_heads, dim, generator=gen).to(dtype) for _ in range(2)]
+    want = [c.clone().index_copy_(0, slots, new) for c, new in zip(caches, (k, v), strict=True)]
+    assert native.can_write_cache(k, caches[0]) and native.can_write_cache(v, caches[1])
+    native.write_cache(caches[0], caches[1], slots, k, v)
+    assert torch.equal(caches[0], want[0]) and torch.equal(caches[1], want[1])
+    with pytest.raises(RuntimeError, match="cache slot out of range"):
+        native.write_cache(caches[0], caches[1], torch.tensor([1, 2, 3, 4, 20]), k, v)
+    assert not native.can_write_cache(k.transpose(1, 2), caches[0])  # heads not packed: index_copy_ instead

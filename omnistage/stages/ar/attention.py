@@ -158,8 +158,11 @@ def paged_attention_forward(
     new_k = key[0].transpose(0, 1)  # [T, Hkv, D]
     new_v = value[0].transpose(0, 1)
     k_cache, v_cache = meta.kv.key[layer], meta.kv.value[layer]
-    k_cache.index_copy_(0, meta.slot_mapping, new_k)
-    v_cache.index_copy_(0, meta.slot_mapping, new_v)
+    if native.can_write_cache(new_k, k_cache) and native.can_write_cache(new_v, v_cache):
+        native.write_cache(k_cache, v_cache, meta.slot_mapping, new_k, new_v)
+    else:
+        k_cache.index_copy_(0, meta.slot_mapping, new_k)
+        v_cache.index_copy_(0, meta.slot_mapping, new_v)
 
     q = query[0].transpose(0, 1)  # [T, Hq, D]
     out = torch.empty_like(q)

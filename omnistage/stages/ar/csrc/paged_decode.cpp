@@ -13,6 +13,7 @@
 #include "vec512.h"
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 namespace {
@@ -197,5 +198,35 @@ void paged_decode(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, tor
     TORCH_CHECK(q.scalar_type() == at::kFloat, "float32 or bfloat16 only");
     decode_any(out.data_ptr<float>(), q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
            rp, sp, lp, s);
+  }
+}
+
+// k_cache[slots[t]] = k[t] and v_cache[slots[t]] = v[t]: this step's keys and values into the paged cache,
+// one row copy each (two index_copy_ calls cost ~20 us apiece at decode sizes). k/v: [T, kv_heads, dim]
+// with each row's heads packed (a view of the q/k/v projection is); caches: [S, kv_heads, dim] contiguous.
+void write_cache(torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slots, torch::Tensor k,
+                 torch::Tensor v) {
+  TORCH_CHECK(k_cache.dim() == 3 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  v_cache.sizes() == k_cache.sizes(), "caches: [slots, kv_heads, dim], contiguous");
+  TORCH_CHECK(k.dim() == 3 && k.sizes() == v.sizes() && k.size(1) == k_cache.size(1) && k.size(2) == k_cache.size(2),
+              "k and v: [T, kv_heads, dim] of the cache's heads and dim");
+  for (const auto& t : {k, v})
+    TORCH_CHECK(t.stride(2) == 1 && t.stride(1) == t.size(2), "k and v: each row's heads packed");
+  TORCH_CHECK(k.scalar_type() == k_cache.scalar_type() && v.scalar_type() == k_cache.scalar_type() &&
+                  v_cache.scalar_type() == k_cache.scalar_type(), "k, v and the caches share one dtype");
+  const auto sl = slots.contiguous();
+  TORCH_CHECK(sl.scalar_type() == at::kLong && sl.dim() == 1 && sl.size(0) == k.size(0), "one int64 slot per row");
+  const int64_t* sp = sl.data_ptr<int64_t>();
+  const int64_t rows = k.size(0), num_slots = k_cache.size(0);
+  for (int64_t t = 0; t < rows; ++t) TORCH_CHECK(sp[t] >= 0 && sp[t] < num_slots, "cache slot out of range");
+  const int64_t bytes = k.size(1) * k.size(2) * k.element_size();
+  auto* kc = static_cast<char*>(k_cache.data_ptr());
+  auto* vc = static_cast<char*>(v_cache.data_ptr());
+  const auto* kp = static_cast<const char*>(k.data_ptr());
+  const auto* vp = static_cast<const char*>(v.data_ptr());
+  const int64_t k_row = k.stride(0) * k.element_size(), v_row = v.stride(0) * v.element_size();
+  for (int64_t t = 0; t < rows; ++t) {
+    std::memcpy(kc + sp[t] * bytes, kp + t * k_row, bytes);
+    std::memcpy(vc + sp[t] * bytes, vp + t * v_row, bytes);
   }
 }
