@@ -5,10 +5,11 @@ sequence's keys and values out of the paged cache into padded copies, then SDPA 
 decode kernel (paged_decode.cpp) reads the cache rows in place and does all of a sequence's heads in one
 task (the engine's decode steps were 8-13% faster with it, benchmarks/RESULTS.md). The pointwise kernels
 (decoder_pointwise.cpp: RMS norm with its residual add, rotary embedding, SiLU-times-up) replace some thirty
-tiny torch ops per layer with four calls. They need AVX-512 and a C++ compiler; anywhere else, or with
-OMNISTAGE_NATIVE_KERNELS=0, the engine stays on torch ops (SDPA for attention). `make setup` builds it
-(`python -m omnistage.stages.ar.native`), so the first engine start does not wait for the compiler; the
-build lives under torch's extension cache (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions).
+tiny torch ops per layer with four calls, and `write_cache` puts a step's keys and values into their slots.
+They need AVX-512 and a C++ compiler; anywhere else, or with OMNISTAGE_NATIVE_KERNELS=0, the engine stays on
+torch ops (SDPA for attention). `make setup` builds them (`python -m omnistage.stages.ar.native`), so the
+first engine start does not wait for the compiler; the build lives under torch's extension cache
+(TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def kernels() -> Any | None:
         digest = hashlib.sha256(text).hexdigest()
         sources = [str(f) for f in files if f.suffix == ".cpp"]
         return load(f"omnistage_ar_native_{digest[:12]}", sources, extra_cflags=FLAGS, verbose=False)
-    except Exception as exc:  # noqa: BLE001 - no compiler / ninja / headers: torch SDPA still works
+    except Exception as exc:  # noqa: BLE001 - no compiler / ninja / headers: torch ops still work
         logger.warning("native AR kernels off, they did not build: %s", exc)
         return None
 
