@@ -7,6 +7,7 @@ import random
 import pytest
 
 from omnistage.params import SamplingParams
+from omnistage.stages.ar import native
 from omnistage.stages.base import StageRequest
 from tests.ar.ar_helpers import hf_greedy, make_engine, run
 
@@ -27,9 +28,13 @@ def workload(seed: int = 0) -> tuple[list[list[int]], list[int]]:
     return prompts, arrivals
 
 
+@pytest.mark.parametrize("kernels", ["native", "torch"])
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama"])
 @pytest.mark.parametrize("mode", ["prefix_cache", "no_prefix_cache", "preemption"])
-def test_greedy_matches_transformers(arch: str, mode: str) -> None:
+def test_greedy_matches_transformers(arch: str, mode: str, kernels: str, monkeypatch) -> None:
+    """`kernels="torch"`: the engine as it runs where the native kernels are not built (torch ops only)."""
+    if kernels == "torch":
+        monkeypatch.setattr(native, "kernels", lambda: None)
     prompts, arrivals = workload()
     deploy = {}
     engine_args = {"enable_prefix_caching": mode != "no_prefix_cache", "block_size": 8}
@@ -40,6 +45,8 @@ def test_greedy_matches_transformers(arch: str, mode: str) -> None:
         )  # tokens * (k, v) * layers * kv heads * dim * fp32
         deploy["kv_cache_bytes"] = 25 * per_block
     engine = make_engine(arch, engine_args=engine_args, **deploy)
+    if kernels == "torch":
+        assert getattr(engine.runner.decoder, "native_ops", None) is None
     requests = [
         StageRequest(f"r{i}", prompt=p, params=SamplingParams(temperature=0.0, max_tokens=MAX_NEW))
         for i, p in enumerate(prompts)
