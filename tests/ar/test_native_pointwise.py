@@ -98,6 +98,8 @@ def test_bad_arguments_raise() -> None:
         ops().rms_norm(x, torch.ones(32, dtype=torch.bfloat16), EPS)
     with pytest.raises(RuntimeError, match="one value per hidden unit"):
         ops().rms_norm(x, torch.ones(31), EPS)
+    with pytest.raises(RuntimeError, match="non-empty last dim"):
+        ops().rms_norm(torch.ones(4, 0), torch.ones(0), EPS)
     with pytest.raises(RuntimeError, match="contiguous"):
         ops().rms_norm(x.t(), torch.ones(4), EPS)
     with pytest.raises(RuntimeError, match="one shape and dtype"):

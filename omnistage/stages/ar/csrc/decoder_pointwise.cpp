@@ -107,7 +107,8 @@ void silu_mul_impl(const T* gate_up, T* out, int64_t rows, int64_t n) {
 }
 
 void check_rows(const torch::Tensor& t, const char* name) {
-  TORCH_CHECK(t.dim() >= 1 && t.is_contiguous(), name, " must be contiguous");
+  TORCH_CHECK(t.dim() >= 1 && t.size(-1) > 0, name, " must have a non-empty last dim");
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
   TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, name,
               " must be float32 or bfloat16");
 }
