@@ -112,9 +112,8 @@ class LeanDecoder:
         kwargs.pop("use_cache", None)
         h = inputs_embeds if self.input_proj is None else self.input_proj(inputs_embeds)
         cos, sin = self.model.rotary_emb(h, position_ids)
-        ops = self.native_ops
-        if ops is not None and h.dtype == self.norms[0].weight.dtype and h.device.type == "cpu":
-            return types.SimpleNamespace(last_hidden_state=self._native_forward(ops, h, cos, sin, kwargs))
+        if self.native_ops is not None and h.dtype == self.norms[0].weight.dtype:
+            return types.SimpleNamespace(last_hidden_state=self._native_forward(h, cos, sin, kwargs))
         batch, length, _ = h.shape
         for norm_in, attn, norm_post, mlp, head_dim, qkv, gate_up in self.layers:
             x = norm_in.forward(h)
@@ -128,10 +127,11 @@ class LeanDecoder:
         return types.SimpleNamespace(last_hidden_state=self.model.norm.forward(h))
 
     def _native_forward(
-        self, ops: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kwargs: dict[str, Any]
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kwargs: dict[str, Any]
     ) -> torch.Tensor:
         """The same layers through the native pointwise kernels; each residual add is fused with the norm
         that follows it (the next layer's input norm, and the final norm after the last layer)."""
+        ops = self.native_ops
         batch, length, _ = h.shape
         cos, sin = cos.contiguous(), sin.contiguous()
         h = h.contiguous()

@@ -127,13 +127,10 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
   check_weight(x, weight);
   auto out = torch::empty_like(x);
   const int64_t rows = rows_of(x), n = x.size(-1);
-  if (x.scalar_type() == at::kBFloat16) {
-    rms_norm_impl(x.data_ptr<c10::BFloat16>(), weight.data_ptr<c10::BFloat16>(), out.data_ptr<c10::BFloat16>(),
-                  rows, n, static_cast<float>(eps));
-  } else {
-    rms_norm_impl(x.data_ptr<float>(), weight.data_ptr<float>(), out.data_ptr<float>(), rows, n,
+  OMNI_DISPATCH_FLOAT_BF16(x.scalar_type(), "rms_norm", [&] {
+    rms_norm_impl(x.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, n,
                   static_cast<float>(eps));
-  }
+  });
   return out;
 }
 
@@ -146,13 +143,10 @@ std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(torch::Tensor h, torch::Te
   check_weight(h, weight);
   auto sum = torch::empty_like(h), out = torch::empty_like(h);
   const int64_t rows = rows_of(h), n = h.size(-1);
-  if (h.scalar_type() == at::kBFloat16) {
-    add_rms_norm_impl(h.data_ptr<c10::BFloat16>(), y.data_ptr<c10::BFloat16>(), weight.data_ptr<c10::BFloat16>(),
-                      sum.data_ptr<c10::BFloat16>(), out.data_ptr<c10::BFloat16>(), rows, n, static_cast<float>(eps));
-  } else {
-    add_rms_norm_impl(h.data_ptr<float>(), y.data_ptr<float>(), weight.data_ptr<float>(), sum.data_ptr<float>(),
-                      out.data_ptr<float>(), rows, n, static_cast<float>(eps));
-  }
+  OMNI_DISPATCH_FLOAT_BF16(h.scalar_type(), "add_rms_norm", [&] {
+    add_rms_norm_impl(h.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(),
+                      sum.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, n, static_cast<float>(eps));
+  });
   return {sum, out};
 }
 
@@ -168,12 +162,10 @@ void rotary_(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, int64_t head
   TORCH_CHECK(cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type(),
               "cos/sin share x's dtype");
   TORCH_CHECK(dim % 2 == 0 && heads >= 0 && heads * dim <= width, "heads * dim must fit in a row");
-  if (x.scalar_type() == at::kBFloat16) {
-    rotary_impl(x.data_ptr<c10::BFloat16>(), cos.data_ptr<c10::BFloat16>(), sin.data_ptr<c10::BFloat16>(), rows,
-                width, heads, dim);
-  } else {
-    rotary_impl(x.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), rows, width, heads, dim);
-  }
+  OMNI_DISPATCH_FLOAT_BF16(x.scalar_type(), "rotary_", [&] {
+    rotary_impl(x.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(), rows, width, heads,
+                dim);
+  });
 }
 
 // silu(gate) * up for gate_up = [..., 2n] (gate then up, one packed projection) -> [..., n].
@@ -184,10 +176,8 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
   const int64_t n = sizes.back() / 2, rows = rows_of(gate_up);
   sizes.back() = n;
   auto out = torch::empty(sizes, gate_up.options());
-  if (gate_up.scalar_type() == at::kBFloat16) {
-    silu_mul_impl(gate_up.data_ptr<c10::BFloat16>(), out.data_ptr<c10::BFloat16>(), rows, n);
-  } else {
-    silu_mul_impl(gate_up.data_ptr<float>(), out.data_ptr<float>(), rows, n);
-  }
+  OMNI_DISPATCH_FLOAT_BF16(gate_up.scalar_type(), "silu_mul", [&] {
+    silu_mul_impl(gate_up.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, n);
+  });
   return out;
 }

@@ -191,14 +191,10 @@ void paged_decode(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, tor
     for (int64_t j = 0; j < lp[b]; ++j)
       TORCH_CHECK(sp[b * s.width + j] >= 0 && sp[b * s.width + j] < num_slots, "cache slot out of range");
   }
-  if (q.scalar_type() == at::kBFloat16) {
-    decode_any(out.data_ptr<c10::BFloat16>(), q.data_ptr<c10::BFloat16>(), k_cache.data_ptr<c10::BFloat16>(),
-           v_cache.data_ptr<c10::BFloat16>(), rp, sp, lp, s);
-  } else {
-    TORCH_CHECK(q.scalar_type() == at::kFloat, "float32 or bfloat16 only");
-    decode_any(out.data_ptr<float>(), q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
-           rp, sp, lp, s);
-  }
+  OMNI_DISPATCH_FLOAT_BF16(q.scalar_type(), "paged_decode", [&] {
+    decode_any(out.data_ptr<scalar_t>(), q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(),
+               v_cache.data_ptr<scalar_t>(), rp, sp, lp, s);
+  });
 }
 
 // k_cache[slots[t]] = k[t] and v_cache[slots[t]] = v[t]: this step's keys and values into the paged cache,

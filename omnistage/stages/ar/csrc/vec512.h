@@ -1,11 +1,16 @@
 // AVX-512 helpers shared by the AR engine's native kernels: 16 float lanes loaded from and stored to
-// float32 or bfloat16 memory, and a vectorized e^x.
+// float32 or bfloat16 memory, a vectorized e^x, and the dispatch on those two dtypes.
 #pragma once
 
+#include <ATen/Dispatch.h>
 #include <c10/util/BFloat16.h>
 #include <immintrin.h>
 
 #include <cstdint>
+
+// Runs the lambda with scalar_t = float or c10::BFloat16 (the two dtypes the kernels take); others raise.
+#define OMNI_DISPATCH_FLOAT_BF16(type, name, ...) \
+  AT_DISPATCH_SWITCH(type, name, AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__) AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
 
 namespace omni_native {
 
