@@ -427,6 +427,8 @@ class Orchestrator:
     async def _monitor(self) -> None:
         while True:
             await asyncio.sleep(0.1)
+            if self._closed:  # closing stops every stage: an exit from now on is no death
+                return
             for client in self._clients():
                 if (
                     isinstance(client, ProcessStageClient)

@@ -1,8 +1,9 @@
 """Stage clients: how the orchestrator reaches one stage replica.
 
 `InlineStageClient` runs the worker on a thread of this process (no serialization at all);
-`ProcessStageClient` runs it in a subprocess and speaks ZMQ + msgspec. Both deliver every message
-from the stage through `on_message`, called on the orchestrator's event loop.
+`ProcessStageClient` runs it in a subprocess and speaks ZMQ + msgspec. Both run the same worker loop
+(`stages/worker.py:serve_stage`) and deliver every message from the stage through `on_message`, called on
+the orchestrator's event loop.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import queue
 import subprocess
 import sys
 import threading
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,18 +28,9 @@ from omnistage.config.deploy import StageDeploy
 from omnistage.config.pipeline import StageSpec
 from omnistage.connectors.shm import ShmConnector
 from omnistage.runtime.launch import WorkerConfig, refs_to_paths, stage_to_dict
-from omnistage.runtime.messages import (
-    Call,
-    CallResult,
-    Codec,
-    Outputs,
-    Ready,
-    Shutdown,
-    StartupFailed,
-    ToWorker,
-)
+from omnistage.runtime.messages import Codec, Shutdown, ToWorker
 from omnistage.runtime.stage_board import BoardSeat
-from omnistage.stages.worker import StageWorker, create_engine
+from omnistage.stages.worker import create_engine, serve_stage
 
 logger = logging.getLogger(__name__)
 OnMessage = Callable[[Any], None]
@@ -99,12 +90,39 @@ class StageClient:
 _ENGINE_BUILD_LOCK = threading.Lock()
 
 
+class QueueInbox:
+    """An in-process queue as a worker's inbox (inline placement): messages pass by reference."""
+
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.head: list[Any] = []  # what `wait` took off the queue, handed out first by `take`
+
+    def put(self, msg: Any) -> None:
+        self.queue.put(msg)
+
+    def wait(self, timeout_s: float) -> bool:
+        if not self.head:
+            try:
+                self.head.append(self.queue.get(timeout=timeout_s) if timeout_s else self.queue.get_nowait())
+            except queue.Empty:
+                return False
+        return True
+
+    def take(self) -> list[Any]:
+        msgs, self.head = self.head, []
+        while True:
+            try:
+                msgs.append(self.queue.get_nowait())
+            except queue.Empty:
+                return msgs
+
+
 class InlineStageClient(StageClient):
     """The worker on a thread of the orchestrator's process: objects pass by reference."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.inbox = QueueInbox()
         self.thread: threading.Thread | None = None
         self.pid = os.getpid()
 
@@ -115,51 +133,26 @@ class InlineStageClient(StageClient):
     def send(self, msg: Any) -> None:
         self.inbox.put(msg)
 
+    def _build(self) -> tuple[Any, str]:
+        # Inline stages share this process: no affinity or thread changes, only the device choice.
+        gpu = self.deploy.devices and torch.cuda.is_available()
+        device = f"cuda:{self.deploy.devices[0]}" if gpu else "cpu"
+        with _ENGINE_BUILD_LOCK:
+            return create_engine(self.stage, self.deploy, self.model_dir, device), device
+
     def _run(self) -> None:
-        sid, rep = self.stage.stage_id, self.replica
-        try:
-            # Inline stages share this process: no affinity or thread changes, only the device choice.
-            gpu = self.deploy.devices and torch.cuda.is_available()
-            device = f"cuda:{self.deploy.devices[0]}" if gpu else "cpu"
-            with _ENGINE_BUILD_LOCK:
-                engine = create_engine(self.stage, self.deploy, self.model_dir, device)
-        except BaseException as exc:
-            self.dead = True
-            self.on_message(
-                StartupFailed(sid, rep, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(8)}")
-            )
-            return
-        worker = StageWorker(
+        started = serve_stage(
             self.stage,
-            engine,
-            lambda items: self.on_message(Outputs(sid, rep, items)),
-            self.stream_tensors,
+            self.replica,
+            self._build,
+            self.inbox,
+            self.on_message,
+            stream_tensors=self.stream_tensors,
             seat=self.board_seat,
             yields=self.deploy.yield_to_first_outputs,
         )
-        self.on_message(Ready(sid, rep, os.getpid(), {"device": device}))
-        while not worker.stopped:
-            try:
-                msg = self.inbox.get(block=not worker.has_work(), timeout=None)
-            except queue.Empty:
-                msg = None
-            while msg is not None:
-                if isinstance(msg, Call):
-                    try:
-                        self.on_message(CallResult(sid, rep, msg.call_id, result=worker.handle(msg)))
-                    except Exception as exc:
-                        self.on_message(
-                            CallResult(sid, rep, msg.call_id, error=f"{type(exc).__name__}: {exc}")
-                        )
-                else:
-                    worker.handle(msg)
-                try:
-                    msg = self.inbox.get_nowait()
-                except queue.Empty:
-                    msg = None
-            if worker.has_work() and not worker.stopped:
-                worker.step()
-        worker.close()
+        if not started:
+            self.dead = True
 
     def close(self, timeout: float = 5.0) -> None:
         self.send(Shutdown())
@@ -233,6 +226,10 @@ class ProcessStageClient(StageClient):
                 stderr=subprocess.STDOUT,
                 env=env,
                 close_fds=True,
+                # Its own session: the SIGINT/SIGTERM a terminal or a service manager sends the server's
+                # process group reach the server alone, which drains and then stops its stages with
+                # Shutdown, instead of every stage dying at once under the requests still in flight.
+                start_new_session=True,
             )
         self.pid = self.proc.pid
 

@@ -60,6 +60,11 @@ class StageEngine(Protocol):
         """At least `num_requests`: how many requests the engine holds (waiting, running or parked)."""
         ...
 
+    def shutdown(self) -> None:
+        """Release what the engine holds (requests, caches, helper processes); the worker calls it once, as
+        it exits, and never calls the engine again."""
+        ...
+
 
 @dataclasses.dataclass
 class StageInputContext:

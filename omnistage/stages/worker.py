@@ -1,8 +1,9 @@
 """The stage worker: one engine, driven by control messages.
 
-`StageWorker` holds the logic (input processors, chunk handoff, output shaping, fault isolation) and is
-shared by both placements: `inline` runs it on a thread of the orchestrator's process, `process` runs it
-in `main()` here, a subprocess speaking ZMQ + msgspec to the orchestrator.
+`StageWorker` holds the logic (input processors, chunk handoff, output shaping, fault isolation) and
+`serve_stage` is its one loop, shared by both placements: `inline` runs it on a thread of the orchestrator's
+process with an in-process queue as its inbox, `process` runs it in `main()` here, a subprocess whose
+inbox is a ZMQ socket. Only the `Inbox` and the `send` function differ.
 """
 
 from __future__ import annotations
@@ -15,14 +16,24 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from omnistage.config.deploy import StageDeploy
 from omnistage.config.pipeline import StageSpec, load_ref
 from omnistage.outputs import StageOutput, StageResult
-from omnistage.runtime.messages import Abort, Call, ChunkInput, Shutdown, StartRequest
+from omnistage.runtime.messages import (
+    Abort,
+    Call,
+    CallResult,
+    ChunkInput,
+    Outputs,
+    Ready,
+    Shutdown,
+    StartRequest,
+    StartupFailed,
+)
 from omnistage.runtime.stage_board import BoardSeat, StageBoard
 from omnistage.stages.base import EngineContext, StageInputContext, StageRequest
 
@@ -32,6 +43,7 @@ logger = logging.getLogger(__name__)
 # this long, or at most SETTLE_MAX_S.
 SETTLE_QUIET_MS = 3
 SETTLE_MAX_S = 0.02
+IDLE_WAIT_S = 1.0  # an idle worker wakes this often even with nothing to do (cheap; keeps the loop simple)
 
 
 def default_input_processor(ctx: StageInputContext) -> StageRequest:
@@ -214,6 +226,13 @@ class StageWorker:
             self.solo_steps += solo
 
     def close(self) -> None:
+        """The worker's exit: the engine releases what it holds (helper processes, caches), then the seat."""
+        shutdown = getattr(self.engine, "shutdown", None)
+        if shutdown is not None:
+            try:
+                shutdown()
+            except Exception:
+                logger.exception("stage %s engine shutdown failed", self.stage.name)
         if self.board is not None:
             self.board.set_busy(self.seat.slot, False)
             self.board.close()
@@ -258,6 +277,66 @@ class StageWorker:
             self.emit(outs)
 
 
+class Inbox(Protocol):
+    """Where a worker's control messages arrive: an in-process queue (inline) or a ZMQ socket (process)."""
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block up to `timeout_s` (0: not at all) for a message; whether one is waiting."""
+        ...
+
+    def take(self) -> list[Any]:
+        """Every message waiting now, in order, without blocking."""
+        ...
+
+
+def serve_stage(
+    stage: StageSpec,
+    replica: int,
+    build: Callable[[], tuple[Any, str]],
+    inbox: Inbox,
+    send: Callable[[Any], None],
+    **worker_options: Any,
+) -> bool:
+    """Build the engine (`build` returns it and its device), say Ready, and drive it until Shutdown; the
+    worker closes (and shuts its engine down) however the loop ends. False if the engine could not be built
+    (StartupFailed was sent)."""
+    sid = stage.stage_id
+    try:
+        engine, device = build()
+    except BaseException as exc:
+        send(StartupFailed(sid, replica, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"))
+        return False
+    worker = StageWorker(stage, engine, lambda items: send(Outputs(sid, replica, items)), **worker_options)
+    send(Ready(sid, replica, os.getpid(), {"device": device}))
+
+    def deliver() -> None:
+        for msg in inbox.take():
+            if not isinstance(msg, Call):
+                worker.handle(msg)
+                continue
+            try:
+                send(CallResult(sid, replica, msg.call_id, result=worker.handle(msg)))
+            except Exception as exc:
+                send(CallResult(sid, replica, msg.call_id, error=f"{type(exc).__name__}: {exc}"))
+
+    try:
+        while not worker.stopped:
+            idle = not worker.has_work()
+            if inbox.wait(IDLE_WAIT_S if idle else 0):
+                deliver()
+                # Work that wakes an idle engine often comes as a burst (requests sent together, a step's
+                # outputs): let the rest of it in first, so it starts in one batch rather than one request
+                # a step ahead of the others, out of step with them in every stage after.
+                deadline = time.monotonic() + SETTLE_MAX_S
+                while idle and time.monotonic() < deadline and inbox.wait(SETTLE_QUIET_MS / 1000):
+                    deliver()
+            if worker.has_work() and not worker.stopped:
+                worker.step()
+    finally:
+        worker.close()
+    return True
+
+
 def apply_devices(deploy: StageDeploy) -> str:
     """Pin the stage to its devices: CUDA devices where there are GPUs, CPU cores and threads otherwise."""
     if deploy.devices and torch.cuda.is_available():
@@ -273,7 +352,7 @@ def apply_devices(deploy: StageDeploy) -> str:
 
 
 # ---- subprocess entry point --------------------------------------------------------------------------
-def _watch_parent() -> None:
+def watch_parent() -> None:
     """The parent holds our stdin pipe open; EOF means it is gone (even after SIGKILL): leave at once."""
 
     def run() -> None:
@@ -285,16 +364,45 @@ def _watch_parent() -> None:
     threading.Thread(target=run, name="parent-watch", daemon=True).start()
 
 
+class _SocketInbox:
+    """A ZMQ PULL socket as an inbox; a held delivery (a multipart message) is read part by part."""
+
+    def __init__(self, socket: Any, decode: Callable[[Any], Any]):
+        self.socket = socket
+        self.decode = decode
+
+    def wait(self, timeout_s: float) -> bool:
+        return bool(self.socket.poll(int(timeout_s * 1000)))
+
+    def take(self) -> list[Any]:
+        import zmq
+
+        msgs = []
+        while True:
+            try:
+                raw = self.socket.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return msgs
+            msgs.append(self.decode(raw.buffer))
+
+
+def _stop(signum: int, frame: Any) -> None:
+    """SIGTERM/SIGINT sent to this process itself (the orchestrator stops stages with Shutdown, and starts
+    them in their own session, out of reach of the signals a terminal or a service manager sends the
+    server): leave through the loop's exit, so the engine still shuts down (its helper processes too)."""
+    raise SystemExit(0)
+
+
 def main(config_path: str) -> None:
     import msgspec
     import zmq
 
     from omnistage.connectors.shm import ShmConnector
     from omnistage.runtime.launch import WorkerConfig
-    from omnistage.runtime.messages import CallResult, Codec, FromWorker, Outputs, Ready, StartupFailed
+    from omnistage.runtime.messages import Codec, FromWorker
     from omnistage.runtime.messages import ToWorker as ToWorkerType
 
-    _watch_parent()
+    watch_parent()
     with open(config_path, "rb") as f:
         cfg = msgspec.json.decode(f.read(), type=WorkerConfig)
     stage = cfg.stage_spec()
@@ -302,67 +410,39 @@ def main(config_path: str) -> None:
         level=os.environ.get("OMNISTAGE_LOG_LEVEL", "WARNING"),
         format=f"%(asctime)s [stage {stage.stage_id}.{cfg.replica}] %(levelname)s %(message)s",
     )
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _stop)
     zctx = zmq.Context()
     inbox = zctx.socket(zmq.PULL)
     inbox.connect(cfg.inbox)
     outbox = zctx.socket(zmq.PUSH)
-    outbox.setsockopt(zmq.LINGER, 2000)
+    outbox.setsockopt(zmq.LINGER, 2000)  # what was sent last (StartupFailed, final outputs) still leaves
     outbox.connect(cfg.outbox)
-    decoder = Codec(ToWorkerType)
     connector = ShmConnector(owner_pid=cfg.owner_pid) if cfg.output_connector == "shm" else None
     encoder = Codec(FromWorker, connector=connector)
-    sid, rep = stage.stage_id, cfg.replica
 
     def send(msg: Any) -> None:
         outbox.send(encoder.encode(msg), copy=False)
 
-    try:
+    def build() -> tuple[Any, str]:
         device = apply_devices(cfg.deploy)
-        engine = create_engine(stage, cfg.deploy, cfg.model_dir, device)
-    except BaseException as exc:
-        send(StartupFailed(sid, rep, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"))
-        time.sleep(0.2)
-        raise SystemExit(1) from exc
-    worker = StageWorker(
-        stage,
-        engine,
-        lambda items: send(Outputs(sid, rep, items)),
-        cfg.stream_tensors,
-        seat=cfg.board_seat,
-        yields=cfg.deploy.yield_to_first_outputs,
-        solo_threads=cfg.deploy.solo_threads,
-    )
-    send(Ready(sid, rep, os.getpid(), {"device": device}))
+        return create_engine(stage, cfg.deploy, cfg.model_dir, device), device
 
-    def drain() -> None:
-        while True:
-            try:
-                raw = inbox.recv(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            msg = decoder.decode(raw.buffer)
-            if isinstance(msg, Call):
-                try:
-                    send(CallResult(sid, rep, msg.call_id, result=worker.handle(msg)))
-                except Exception as exc:
-                    send(CallResult(sid, rep, msg.call_id, error=f"{type(exc).__name__}: {exc}"))
-            else:
-                worker.handle(msg)
-
-    while not worker.stopped:
-        idle = not worker.has_work()
-        if inbox.poll(1000 if idle else 0):
-            drain()
-            # Work that wakes an idle engine often comes as a burst (requests sent together, a step's
-            # outputs): let the rest of it in first, so it starts in one batch rather than one request
-            # a step ahead of the others, out of step with them in every stage after.
-            deadline = time.monotonic() + SETTLE_MAX_S
-            while idle and time.monotonic() < deadline and inbox.poll(SETTLE_QUIET_MS):
-                drain()
-        if worker.has_work() and not worker.stopped:
-            worker.step()
-    worker.close()
-    outbox.close()
-    inbox.close(linger=0)
-    zctx.term()
+    try:
+        started = serve_stage(
+            stage,
+            cfg.replica,
+            build,
+            _SocketInbox(inbox, Codec(ToWorkerType).decode),
+            send,
+            stream_tensors=cfg.stream_tensors,
+            seat=cfg.board_seat,
+            yields=cfg.deploy.yield_to_first_outputs,
+            solo_threads=cfg.deploy.solo_threads,
+        )
+    finally:
+        outbox.close()
+        inbox.close(linger=0)
+        zctx.term()
+    if not started:
+        raise SystemExit(1)

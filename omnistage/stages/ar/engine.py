@@ -384,6 +384,14 @@ class AREngine:
             **self.blocks.stats(),
         }
 
+    def shutdown(self) -> None:
+        """The worker is leaving: end every request (their blocks go back) and drop the KV cache, the
+        engine's one large allocation besides the weights."""
+        for rid in list(self.requests):
+            self.abort(rid)
+        self._pending.clear()
+        self.runner.kv = None
+
 
 def _kv_shape(config: Any) -> tuple[int, int, int]:
     """(layers, KV heads, head dim) of a transformers text config."""

@@ -212,7 +212,10 @@ def _gather_rows(out: torch.Tensor | None, rows: list[int], dtype: torch.dtype) 
 
 def _worker_main(rank: int, world: int, port: int, model_dir: str, dtype: str, mode: str, args: dict) -> None:
     """Ranks 1..N-1 (`python -m omnistage.stages.diffusion.parallel '<json>'`): load the transformer(s),
-    join the group, execute forwards until told to stop."""
+    join the group, execute forwards until told to stop (or until rank 0's process is gone)."""
+    from omnistage.stages.worker import watch_parent
+
+    watch_parent()
     if args.get("num_threads"):
         torch.set_num_threads(int(args["num_threads"]))
     modules = load_transformers(model_dir, dtype)
@@ -286,7 +289,8 @@ class DistributedExecutor(LocalExecutor):
             spec = {"rank": rank, "world": world, "port": port, "model_dir": model_dir, "dtype": dtype}
             spec.update(mode=mode, args=args)
             cmd = [sys.executable, "-m", "omnistage.stages.diffusion.parallel", json.dumps(spec)]
-            self.workers.append(subprocess.Popen(cmd))
+            # stdin: a pipe the rank watches, so it leaves with this process even if it is killed
+            self.workers.append(subprocess.Popen(cmd, stdin=subprocess.PIPE))
         try:
             _init_group(0, world, port, float(args.get("parallel_timeout_s", 600)))
         except Exception:
@@ -321,10 +325,16 @@ class DistributedExecutor(LocalExecutor):
         raise ConfigError("step caching cannot be combined with CFG-parallel or Ulysses in this engine")
 
     def shutdown(self) -> None:
+        """Stop the ranks explicitly: tell them, wait for them to leave the group, then leave it too."""
         if not dist.is_initialized():
             return
-        _send(_Command("stop"), [])
-        self._kill_workers(grace_s=30)
+        grace_s = 30.0
+        try:
+            _send(_Command("stop"), [])
+        except Exception:  # a rank is gone: the broadcast cannot complete, so nobody hears it
+            logger.warning("%s group broken at shutdown; killing its ranks", self.mode, exc_info=True)
+            grace_s = 0.0
+        self._kill_workers(grace_s)
         dist.destroy_process_group()
 
     def _kill_workers(self, grace_s: float = 0) -> None:
@@ -334,6 +344,8 @@ class DistributedExecutor(LocalExecutor):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            if proc.stdin:
+                proc.stdin.close()
 
 
 def _check_ulysses(pipe: Any, degree: int) -> None:

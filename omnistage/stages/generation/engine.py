@@ -291,6 +291,15 @@ class GenerationEngine:
     def stats(self) -> dict[str, Any]:
         return {"num_requests": len(self.requests), "passes": self.passes}
 
+    def shutdown(self) -> None:
+        """The worker is leaving: drop every request and the passes in flight (a generator suspended
+        between its units holds its windows and partial outputs)."""
+        for pass_ in (self.first_pass, self.pass_):
+            if pass_ is not None and hasattr(pass_.steps, "close"):
+                pass_.steps.close()
+        self.requests.clear()
+        self.first_pass = self.pass_ = None
+
 
 def create_engine(ctx: EngineContext) -> GenerationEngine:
     """`engine_args`: `generator` ("module:function" called with the context, returning a Generator),
