@@ -8,6 +8,7 @@ caller's thread, so bad input raises before anything is queued.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import queue
 import threading
@@ -18,16 +19,90 @@ from typing import Any
 
 from tqdm import tqdm
 
-from omnistage.config.deploy import resolve_deploy
+from omnistage.config.capabilities import Capabilities
+from omnistage.config.deploy import DeploySpec, resolve_deploy
 from omnistage.config.pipeline import PipelineSpec
 from omnistage.config.resolve import resolve_pipeline
 from omnistage.errors import ConfigError, InvalidRequestError, OverloadedError
 from omnistage.outputs import OmniRequestOutput
-from omnistage.params import apply_constraints, params_class
+from omnistage.params import apply_constraints, layer_params, params_class
 from omnistage.runtime.orchestrator import Orchestrator
 from omnistage.runtime.request_state import RequestState
 
 logger = logging.getLogger(__name__)
+
+
+class StageParamsResolver:
+    """A request's params, stage by stage: pipeline defaults < deploy YAML < request (`layer_params`),
+    with each stage's sampling constraints on top. Apart from the runtime, so the rule can be checked
+    without starting any stage."""
+
+    def __init__(self, pipeline: PipelineSpec, deploy: DeploySpec):
+        self.pipeline = pipeline
+        self.deploy = deploy
+        self._defaults = {s.stage_id: self._default_params(s.stage_id) for s in pipeline.stages}
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this runtime serves: the pipeline's declaration with the deploy's limits."""
+        return dataclasses.replace(self.pipeline.capabilities, limits=self.deploy.limits)
+
+    def default_fields(self, sid: int) -> dict[str, Any]:
+        """The fields stage `sid`'s defaults name (pipeline defaults < deploy YAML), before the request."""
+        return dict(self.deploy.stage(sid).default_params)
+
+    def _default_params(self, sid: int) -> Any:
+        spec = self.pipeline.stage(sid)
+        try:
+            return self._layered(sid, None)
+        except InvalidRequestError as exc:
+            raise ConfigError(f"default params of stage {sid} ({spec.name}): {exc.message}") from exc
+
+    def _layered(self, sid: int, request: Any) -> Any:
+        """Defaults < request (`layer_params`), then the model's sampling constraints on top."""
+        cls = params_class(self.pipeline.stage(sid).kind)
+        params = layer_params(cls, self.deploy.stage(sid).default_params, request)
+        constraints = self.pipeline.stage(sid).sampling_constraints
+        return apply_constraints(params, constraints) if constraints else params
+
+    def resolve(self, params: Any) -> dict[int, Any]:
+        """One params object (for the first stage that takes its type) or one per stage (a params object, a
+        dict of fields or None), each layered over that stage's defaults."""
+        stages = self.pipeline.stages
+        chosen = dict(self._defaults)
+        if params is None:
+            return chosen
+        if isinstance(params, Sequence) and not isinstance(params, str | bytes):
+            if len(params) != len(stages):
+                raise InvalidRequestError(
+                    f"params has {len(params)} entries but {self.pipeline.name!r} has {len(stages)} stages",
+                    param="params",
+                )
+            for spec, value in zip(stages, params, strict=True):
+                if value is not None:
+                    chosen[spec.stage_id] = self._check_type(spec.stage_id, value)
+            return chosen
+        for spec in stages:
+            if isinstance(params, params_class(spec.kind)):
+                chosen[spec.stage_id] = self._layered(spec.stage_id, params)
+                return chosen
+        kinds = ", ".join(f"{s.name}: {params_class(s.kind).__name__}" for s in stages)
+        raise InvalidRequestError(
+            f"no stage takes {type(params).__name__} (stages take {kinds})", param="params"
+        )
+
+    def _check_type(self, sid: int, value: Any) -> Any:
+        spec = self.pipeline.stage(sid)
+        cls = params_class(spec.kind)
+        if not isinstance(value, dict | cls):
+            raise InvalidRequestError(
+                f"stage {sid} ({spec.name}) takes {cls.__name__}, got {type(value).__name__}", param="params"
+            )
+        try:
+            return self._layered(sid, value)
+        except InvalidRequestError as exc:
+            where = f"params for stage {sid} ({spec.name})"
+            raise InvalidRequestError(f"{where}: {exc.message}", param=exc.param) from exc
 
 
 class _OmniBase:
@@ -51,7 +126,7 @@ class _OmniBase:
         self.model_name = Path(self.model_dir).name if self.model_dir else self.pipeline.name
         self.deploy = resolve_deploy(self.pipeline, deploy_config, cli_flags, stage_overrides)
         self.max_queued_requests = max_queued_requests
-        self._defaults = {s.stage_id: self._default_params(s.stage_id) for s in self.pipeline.stages}
+        self.resolver = StageParamsResolver(self.pipeline, self.deploy)
         self._inflight = 0
         self._inflight_ids: set[str] = set()
         self._lock = threading.Lock()
@@ -59,59 +134,15 @@ class _OmniBase:
         self.orchestrator.start()
 
     # ---- parameters ----------------------------------------------------------------------------------
-    def _default_params(self, sid: int) -> Any:
-        spec = self.pipeline.stage(sid)
-        cls = params_class(spec.kind)
-        try:
-            return self._constrain(sid, cls(**self.deploy.stage(sid).default_params))
-        except (TypeError, InvalidRequestError) as exc:
-            raise ConfigError(f"default params of stage {sid} ({spec.name}): {exc}") from exc
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.resolver.capabilities
 
-    def _constrain(self, sid: int, params: Any) -> Any:
-        """Apply the model's sampling constraints (see `apply_constraints`)."""
-        constraints = self.pipeline.stage(sid).sampling_constraints
-        return apply_constraints(params, constraints) if constraints else params
+    def default_fields(self, sid: int) -> dict[str, Any]:
+        return self.resolver.default_fields(sid)
 
     def resolve_params(self, params: Any) -> dict[int, Any]:
-        """One params object (for the first stage that takes its type) or one per stage, with defaults."""
-        stages = self.pipeline.stages
-        chosen = dict(self._defaults)
-        if params is None:
-            return chosen
-        if isinstance(params, Sequence) and not isinstance(params, str | bytes):
-            if len(params) != len(stages):
-                raise InvalidRequestError(
-                    f"params has {len(params)} entries but {self.pipeline.name!r} has {len(stages)} stages",
-                    param="params",
-                )
-            for spec, value in zip(stages, params, strict=True):
-                if value is not None:
-                    chosen[spec.stage_id] = self._check_type(spec.stage_id, value)
-            return chosen
-        for spec in stages:
-            if isinstance(params, params_class(spec.kind)):
-                chosen[spec.stage_id] = self._constrain(spec.stage_id, params)
-                return chosen
-        kinds = ", ".join(f"{s.name}: {params_class(s.kind).__name__}" for s in stages)
-        raise InvalidRequestError(
-            f"no stage takes {type(params).__name__} (stages take {kinds})", param="params"
-        )
-
-    def _check_type(self, sid: int, value: Any) -> Any:
-        spec = self.pipeline.stage(sid)
-        cls = params_class(spec.kind)
-        if isinstance(value, dict):
-            try:
-                value = cls(**value)
-            except TypeError as exc:
-                raise InvalidRequestError(
-                    f"params for stage {sid} ({spec.name}): {exc}", param="params"
-                ) from exc
-        if not isinstance(value, cls):
-            raise InvalidRequestError(
-                f"stage {sid} ({spec.name}) takes {cls.__name__}, got {type(value).__name__}", param="params"
-            )
-        return self._constrain(sid, value)
+        return self.resolver.resolve(params)
 
     # ---- submission ----------------------------------------------------------------------------------
     def _submit(self, prompt: Any, params: Any, request_id: str | None, modalities: Any, sink: Any) -> str:

@@ -6,6 +6,7 @@ so a bad value fails where the user wrote it, with the field's name.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -132,6 +133,41 @@ StageParams = SamplingParams | DiffusionParams | GenerationParams
 def params_class(kind: str) -> type[StageParams]:
     """The parameter type a stage kind takes."""
     return {"ar": SamplingParams, "diffusion": DiffusionParams}.get(str(kind), GenerationParams)
+
+
+def named_fields(params: StageParams) -> dict[str, Any]:
+    """The fields a params object sets away from its class defaults: what it "names" when layered."""
+    named = {}
+    for field in msgspec.structs.fields(params):
+        value = getattr(params, field.name)
+        default = field.default_factory() if field.default_factory is not msgspec.NODEFAULT else field.default
+        if field.required or (value is not None if default is None else value != default):
+            named[field.name] = value
+    return named
+
+
+def layer_params(cls: type[StageParams], *layers: Mapping[str, Any] | StageParams | None) -> StageParams:
+    """Pipeline defaults < deploy defaults < request, field by field: each layer changes only the fields it
+    names (a mapping names its keys, a params object the fields it sets away from the class defaults, so a
+    mapping is the way to set a field back to its class default over a default that changed it).
+
+    The one place this rule lives: the API, the AR stage and the diffusion stage all call it.
+    """
+    fields: dict[str, Any] = {}
+    for layer in layers:
+        if layer is None:
+            continue
+        if isinstance(layer, msgspec.Struct):
+            if not isinstance(layer, cls):
+                raise InvalidRequestError(
+                    f"params: expected {cls.__name__}, got {type(layer).__name__}", param="params"
+                )
+            layer = named_fields(layer)
+        fields.update(layer)
+    try:
+        return cls(**fields)
+    except TypeError as exc:
+        raise InvalidRequestError(f"params: {exc}", param="params") from exc
 
 
 def apply_constraints(params: Any, constraints: dict[str, Any]) -> Any:

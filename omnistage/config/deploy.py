@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from omnistage.config.capabilities import Limits
 from omnistage.config.pipeline import PipelineSpec, StageKind
 from omnistage.errors import ConfigError
 
@@ -61,7 +62,7 @@ class StageDeploy:
 STAGE_FIELDS = {f.name for f in dataclasses.fields(StageDeploy)}
 # Dict-valued fields merge key by key across layers instead of being replaced.
 MERGED_FIELDS = {"default_params", "input_connectors", "engine_args", "env"}
-TOP_FIELDS = {"base_config", "async_chunk", "connectors", "stages"}
+TOP_FIELDS = {"base_config", "async_chunk", "connectors", "stages", "limits"}
 
 
 @dataclasses.dataclass
@@ -72,6 +73,8 @@ class DeploySpec:
     connectors: dict[str, dict[str, Any]]
     async_chunk: bool
     sources: list[str] = dataclasses.field(default_factory=list)
+    # The pipeline's request limits with the YAML's `limits:` block on top (config/capabilities.py).
+    limits: Limits = dataclasses.field(default_factory=Limits)
 
     def stage(self, stage_id: int) -> StageDeploy:
         return self.stages[stage_id]
@@ -143,6 +146,7 @@ def load_deploy_file(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str
         merged = {k: v for k, v in base.items() if k not in ("stages", "connectors", "sources")}
         merged.update({k: v for k, v in flat.items() if k not in ("stages", "connectors", "sources")})
         merged["connectors"] = {**base.get("connectors", {}), **flat.get("connectors", {})}
+        merged["limits"] = {**(base.get("limits") or {}), **(flat.get("limits") or {})}
         stages_merged = dict(base["stages"])
         for sid, entry in by_id.items():
             stages_merged[sid] = _merge(stages_merged.get(sid, {}), entry)
@@ -232,8 +236,13 @@ def resolve_deploy(
     async_chunk = raw.get("async_chunk", True)
     if len(pipeline.stages) == 1:
         async_chunk = False
+    where = f"limits of {', '.join(raw.get('sources') or ['the deploy config'])}"
     deploy = DeploySpec(
-        stages=stages, connectors=connectors, async_chunk=bool(async_chunk), sources=raw.get("sources", [])
+        stages=stages,
+        connectors=connectors,
+        async_chunk=bool(async_chunk),
+        sources=raw.get("sources", []),
+        limits=pipeline.capabilities.limits.replaced(raw.get("limits"), where),
     )
     for spec in pipeline.stages:
         if deploy.edge_async(pipeline, spec.stage_id) and len(spec.inputs) != 1:

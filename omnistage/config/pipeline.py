@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from omnistage.config.capabilities import Capabilities, derive_capabilities
 from omnistage.errors import ConfigError
 
 
@@ -83,10 +84,18 @@ class PipelineSpec:
     # Bundled deploy YAML: a path, or a file name under omnistage/pipelines/deploy/.
     default_deploy: str | None = None
     default_modalities: tuple[str, ...] | None = None
+    # What the pipeline serves over HTTP (routes, prompt shape, field → stage mapping, limits, voices);
+    # None: derived from the topology (config/capabilities.py).
+    capabilities: Capabilities | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stages", tuple(self.stages))
         errors = self.validation_errors()
+        if errors:
+            raise ConfigError(f"pipeline {self.name!r}: " + "; ".join(errors))
+        if self.capabilities is None:
+            object.__setattr__(self, "capabilities", derive_capabilities(self))
+        errors = self.capabilities.validate_for(self)
         if errors:
             raise ConfigError(f"pipeline {self.name!r}: " + "; ".join(errors))
 

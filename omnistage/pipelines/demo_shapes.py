@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from omnistage.config.capabilities import Capabilities, Limits
 from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
 from omnistage.demo.model import CLIP_CALL, CLIP_FPS, DEMO_MODEL_NAME, NATIVE_CALL
+from omnistage.demo.scenes import CLIP_FRAMES, SIZE
 from omnistage.pipelines import registry
 
 if TYPE_CHECKING:
@@ -40,6 +42,20 @@ DEMO_SHAPES_PIPELINE = PipelineSpec(
     ),
     default_deploy="diffusers_generic.yaml",
     default_modalities=("image",),
+    # A small margin over what the model draws (32x32, 9-frame clips): anything bigger only burns the
+    # cores for noise, so it is refused at once.
+    capabilities=Capabilities(
+        routes=("chat", "images", "videos"),
+        prompt="text",
+        fields={"diffusion": (0, 1)},
+        limits=Limits(
+            max_width=2 * SIZE,
+            max_height=2 * SIZE,
+            max_pixels=4 * SIZE * SIZE,
+            max_frames=4 * CLIP_FRAMES,
+            max_steps=100,
+        ),
+    ),
 )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from omnistage.config.capabilities import Capabilities
 from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
 from omnistage.pipelines import registry
 from omnistage.stages.diffusion.modality import pipeline_modality
@@ -21,15 +22,21 @@ DEPLOY = "diffusers_generic.yaml"
 
 def diffusers_pipeline(class_name: str) -> PipelineSpec:
     """The one-stage pipeline for a diffusers pipeline class."""
+    modality = pipeline_modality(class_name)
     stage = StageSpec(
-        stage_id=0,
-        name="dit",
-        kind=StageKind.DIFFUSION,
-        final_output=True,
-        output_modality=pipeline_modality(class_name),
+        stage_id=0, name="dit", kind=StageKind.DIFFUSION, final_output=True, output_modality=modality
     )
+    route = {"image": "images", "video": "videos", "audio": "speech"}.get(modality)
+    routes = ("chat", route) if route else ("chat",)
+    capabilities = Capabilities(routes=routes, prompt="text", fields={"diffusion": (0,)})
     name = f"diffusers-{class_name}"
-    return PipelineSpec(name=name, stages=(stage,), diffusers_classes=(class_name,), default_deploy=DEPLOY)
+    return PipelineSpec(
+        name=name,
+        stages=(stage,),
+        diffusers_classes=(class_name,),
+        default_deploy=DEPLOY,
+        capabilities=capabilities,
+    )
 
 
 def resolve(info: ModelInfo) -> PipelineSpec | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from omnistage.config.capabilities import Capabilities
 from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
 from omnistage.pipelines import registry
 
@@ -18,6 +19,9 @@ LLM_PIPELINE = PipelineSpec(
     name="llm",
     stages=(StageSpec(stage_id=0, name="llm", kind=StageKind.AR, final_output=True, output_modality="text"),),
     default_deploy="llm.yaml",
+    # Chat and completions; a reply without max_tokens runs to the engine's context (max_model_len, from
+    # the config's max_position_embeddings unless the deploy sets it) minus the prompt.
+    capabilities=Capabilities(routes=("chat", "completions"), prompt="chat", fields={"sampling": (0,)}),
 )
 
 

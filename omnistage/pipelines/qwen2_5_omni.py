@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 import torch
 
+from omnistage.config.capabilities import Capabilities
 from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
 from omnistage.config.resolve import ModelInfo
 from omnistage.errors import InvalidRequestError
@@ -180,11 +181,25 @@ SPEECH_STAGES = (
     ),
 )
 
+# Request sampling fields drive the thinker (the talker keeps TALKER_DEFAULTS unless `stage_params[1]`
+# names a field); the seed reaches code2wav. The speakers are the checkpoint's (checked by the thinker).
+SPEECH_CAPABILITIES = Capabilities(
+    routes=("chat", "completions", "speech"), prompt="chat", fields={"sampling": (0,), "generation": (2,)}
+)
 QWEN2_5_OMNI = registry.register(
-    PipelineSpec(name="qwen2_5_omni", stages=SPEECH_STAGES, default_deploy="qwen2_5_omni.yaml")
+    PipelineSpec(
+        name="qwen2_5_omni",
+        stages=SPEECH_STAGES,
+        default_deploy="qwen2_5_omni.yaml",
+        capabilities=SPEECH_CAPABILITIES,
+    )
 )
 QWEN2_5_OMNI_THINKER_ONLY = registry.register(
-    PipelineSpec(name="qwen2_5_omni_thinker_only", stages=(_thinker(),))
+    PipelineSpec(
+        name="qwen2_5_omni_thinker_only",
+        stages=(_thinker(),),
+        capabilities=Capabilities(routes=("chat", "completions"), prompt="chat", fields={"sampling": (0,)}),
+    )
 )
 
 

@@ -17,7 +17,7 @@ from fastapi import FastAPI
 
 from omnistage import __version__
 from omnistage.serving.context import ServerContext
-from omnistage.serving.errors import install_error_handlers
+from omnistage.serving.errors import document_400, install_error_handlers
 from omnistage.serving.guards import RequestGuard, ServerState
 from omnistage.serving.media_sources import MediaSources
 from omnistage.serving.metrics import MetricsMiddleware, ServerMetrics
@@ -64,6 +64,7 @@ def create_app(
     install_error_handlers(app, settings.retry_after_s)
     for module in (chat, completions, speech, images, videos, model_routes):
         app.include_router(module.router)
+    document_400(app)
     app.add_middleware(RequestGuard, settings=settings, state=ctx.state)
     app.add_middleware(MetricsMiddleware, metrics=ctx.metrics)  # outermost: counts rejected requests too
     return app

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from omnistage.config.capabilities import Limits
+from omnistage.serving.limits import check_audio, check_upload
 from omnistage.serving.media import decode_audio, decode_image, decode_video
 from omnistage.serving.media_sources import MediaSources, decode_base64
 from omnistage.serving.protocol import (
@@ -52,9 +54,11 @@ class ChatPrompt:
 
 
 async def build_chat_prompt(
-    messages: list[ChatMessage], media: MediaSources, settings: ServerSettings
+    messages: list[ChatMessage], media: MediaSources, settings: ServerSettings, limits: Limits | None = None
 ) -> ChatPrompt:
+    """`limits`: the model's (upload bytes, input audio seconds), checked as each part is read."""
     prompt = ChatPrompt()
+    limits = limits or Limits()
     for i, message in enumerate(messages):
         role = ROLE_ALIASES.get(message.role, message.role)
         if message.content is None or isinstance(message.content, str):
@@ -62,7 +66,8 @@ async def build_chat_prompt(
             continue
         parts = []
         for j, part in enumerate(message.content):
-            parts.append(await _convert_part(part, f"messages[{i}].content[{j}]", prompt, media, settings))
+            where = f"messages[{i}].content[{j}]"
+            parts.append(await _convert_part(part, where, prompt, media, settings, limits))
         if all(p["type"] == "text" for p in parts):
             prompt.messages.append({"role": role, "content": "".join(p["text"] for p in parts)})
         else:
@@ -71,30 +76,40 @@ async def build_chat_prompt(
 
 
 async def _convert_part(
-    part: Any, where: str, prompt: ChatPrompt, media: MediaSources, settings: ServerSettings
+    part: Any, where: str, prompt: ChatPrompt, media: MediaSources, settings: ServerSettings, limits: Limits
 ) -> dict[str, Any]:
     pixels = settings.max_image_pixels
+
+    async def read(url: str, param: str) -> bytes:
+        data, _ = await media.read(url, param=param)
+        check_upload(len(data), limits, param)
+        return data
+
+    def audio(data: bytes, param: str) -> Any:
+        decoded = decode_audio(data, param=param)
+        check_audio(decoded[0], decoded[1], limits, param)
+        return decoded
+
     if isinstance(part, TextPart):
         return {"type": "text", "text": part.text}
     if isinstance(part, ImageURLPart):
         param = f"{where}.image_url.url"
-        data, _ = await media.read(part.image_url.url, param=param)
+        data = await read(part.image_url.url, param)
         prompt.media["image"].append(decode_image(data, max_pixels=pixels, param=param))
         return {"type": "image"}
     if isinstance(part, InputAudioPart):
         param = f"{where}.input_audio.data"
-        prompt.media["audio"].append(
-            decode_audio(decode_base64(part.input_audio.data, param=param), param=param)
-        )
+        data = decode_base64(part.input_audio.data, param=param)
+        check_upload(len(data), limits, param)
+        prompt.media["audio"].append(audio(data, param))
         return {"type": "audio"}
     if isinstance(part, AudioURLPart):
         param = f"{where}.audio_url.url"
-        data, _ = await media.read(part.audio_url.url, param=param)
-        prompt.media["audio"].append(decode_audio(data, param=param))
+        prompt.media["audio"].append(audio(await read(part.audio_url.url, param), param))
         return {"type": "audio"}
     if isinstance(part, VideoURLPart):
         param = f"{where}.video_url.url"
-        data, _ = await media.read(part.video_url.url, param=param)
+        data = await read(part.video_url.url, param)
         video = decode_video(data, max_pixels=pixels, max_frames=MAX_VIDEO_FRAMES, param=param)
         prompt.media["video"].append(video)
         return {"type": "video"}

@@ -14,6 +14,18 @@ def default_storage_dir() -> Path:
     return cache_root() / "storage"
 
 
+def image_size_pixels(text: str) -> int:
+    """'1024x1024' or '1048576' -> pixels."""
+    width, sep, height = text.lower().partition("x")
+    try:
+        pixels = int(width) * int(height) if sep else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not WIDTHxHEIGHT or a pixel count") from None
+    if pixels < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1 pixel")
+    return pixels
+
+
 def add_server_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("HTTP server")
     group.add_argument("--host", default="127.0.0.1")
@@ -23,7 +35,15 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         "--served-model-name", nargs="+", default=None, help="one name per model (default: its own)"
     )
     group.add_argument("--max-request-bytes", type=int, default=ServerSettings.max_request_bytes)
-    group.add_argument("--max-image-pixels", type=int, default=ServerSettings.max_image_pixels)
+    group.add_argument(
+        "--max-generated-image-size",
+        "--max-image-pixels",
+        dest="max_image_pixels",
+        type=image_size_pixels,
+        default=ServerSettings.max_image_pixels,
+        metavar="WxH|PIXELS",
+        help="global cap on a generated (or uploaded) image's pixels, over every model's own limit",
+    )
     group.add_argument(
         "--storage-dir",
         type=Path,

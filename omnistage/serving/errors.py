@@ -30,7 +30,6 @@ TYPE_BY_STATUS = {
     405: "MethodNotAllowedError",
     409: "ConflictError",
     413: "PayloadTooLargeError",
-    422: "UnprocessableEntityError",
     429: "RateLimitError",
     500: "InternalServerError",
     503: "ServiceUnavailableError",
@@ -38,10 +37,11 @@ TYPE_BY_STATUS = {
 
 
 class SchemaError(OmniError):
-    """A field breaks the request schema in a way pydantic alone cannot see (a rule across fields)."""
+    """A field breaks the request schema in a way pydantic alone cannot see (a rule across fields): a 400,
+    as OpenAI and vLLM answer every request-validation failure (clients branch on it)."""
 
-    status_code = 422
-    error_type = "UnprocessableEntityError"
+    status_code = 400
+    error_type = "BadRequestError"
 
 
 class PayloadTooLargeError(OmniError):
@@ -113,7 +113,8 @@ def _most_specific(errors: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def validation_error_response(errors: Sequence[dict[str, Any]]) -> JSONResponse:
-    """422 naming the first offending field; the rest are counted so the message stays readable."""
+    """400 naming the first offending field and its rule; the rest are counted so the message stays
+    readable. Never FastAPI's 422: OpenAI clients expect 400 for every invalid request."""
     first = _most_specific(errors) if errors else {"loc": (), "msg": "invalid request"}
     param = field_path(first.get("loc", ()))
     if first.get("type") == "json_invalid":
@@ -125,11 +126,52 @@ def validation_error_response(errors: Sequence[dict[str, Any]]) -> JSONResponse:
         message = f"request body: {first['msg']}"
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
-    return error_response(422, message, param=param)
+    return error_response(400, message, param=param)
 
 
 def pydantic_error_response(exc: ValidationError) -> JSONResponse:
     return validation_error_response(exc.errors(include_url=False))
+
+
+ERROR_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": "integer"},
+            },
+            "required": ["message", "type", "param", "code"],
+        }
+    },
+    "required": ["error"],
+}
+
+
+def document_400(app: FastAPI) -> None:
+    """The OpenAPI document says what the handlers answer: 400 with the OpenAI envelope, not FastAPI's 422."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            for item in schema.get("paths", {}).values():
+                for operation in item.values():
+                    responses = operation.get("responses", {})
+                    if responses.pop("422", None) is not None:
+                        content = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+                        responses["400"] = {"description": "Invalid request", "content": content}
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for name in ("HTTPValidationError", "ValidationError"):
+                components.pop(name, None)
+            components["Error"] = ERROR_SCHEMA
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
 
 
 def install_error_handlers(app: FastAPI, retry_after_s: int = 1) -> None:

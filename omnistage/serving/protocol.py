@@ -1,6 +1,6 @@
 """Request bodies of the OpenAI-compatible routes, with OpenAI's field names.
 
-Schema rules (types, ranges, enumerations) live here so that a bad field is a 422 naming it before any
+Schema rules (types, ranges, enumerations) live here so that a bad field is a 400 naming it before any
 work starts. Rules that need the model (which modalities it has, its size limits) are checked by the
 routes. Unknown fields are accepted and ignored, as OpenAI clients send fields a server may not know.
 """
@@ -140,7 +140,7 @@ TokenId = Annotated[int, Field(ge=0, le=TOKENS_MAX)]
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
-    max_tokens: int | None = Field(16, ge=1, le=TOKENS_MAX)
+    # Unset: OpenAI's default of 16 (routes/completions.py), under the model's own defaults.
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
+from omnistage.config.capabilities import Capabilities, Limits
+from omnistage.config.pipeline import PipelineSpec, StageSpec
 from omnistage.errors import InvalidRequestError, NotFoundError
+from omnistage.serving.limits import effective_limits
+from omnistage.serving.settings import ServerSettings
 
 if TYPE_CHECKING:
     from omnistage.api import AsyncOmni
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -37,9 +44,32 @@ class ServedModel:
         return modality in self.modalities
 
     @property
-    def entry_kind(self) -> StageKind:
-        """What the entry stage runs: an AR entry takes chat/token prompts, a diffusion entry text."""
-        return next(s.kind for s in self.stages if not s.inputs)
+    def capabilities(self) -> Capabilities:
+        """What the model serves; the runtime's (with its deploy's limits) when there is one."""
+        caps = getattr(self.omni, "capabilities", None)
+        return caps if isinstance(caps, Capabilities) else self.pipeline.capabilities
+
+    def limits(self, settings: ServerSettings) -> Limits:
+        return effective_limits(self.capabilities.limits, settings)
+
+    def default_fields(self, stage_id: int) -> dict[str, Any]:
+        """The fields stage `stage_id`'s defaults name (pipeline defaults < deploy YAML)."""
+        fields = getattr(self.omni, "default_fields", None)
+        return fields(stage_id) if fields else dict(self.pipeline.stage(stage_id).default_params)
+
+    @functools.cached_property
+    def tokenizer(self) -> Any:
+        """The model directory's tokenizer (token strings of logprobs, prompt lengths); None without one."""
+        model_dir = getattr(self.omni, "model_dir", None)
+        if not model_dir:
+            return None
+        try:
+            from transformers import AutoTokenizer
+
+            return AutoTokenizer.from_pretrained(model_dir)
+        except Exception as exc:  # a directory without a tokenizer (a diffusers pipeline, a toy)
+            logger.info("no tokenizer for %s: %s", self.name, exc)
+            return None
 
     def default_modalities(self) -> list[str]:
         return list(self.pipeline.default_modalities or self.modalities)
@@ -65,17 +95,27 @@ class ServedModels:
     def __len__(self) -> int:
         return len(self.models)
 
-    def get(self, name: str | None, *, produces: Sequence[str] = (), route: str = "") -> ServedModel:
-        """The model named `name` (404 if unknown); 400 if it cannot produce `produces` for this route."""
+    def get(
+        self, name: str | None, *, produces: Sequence[str] = (), route: str = "", serves: str | None = None
+    ) -> ServedModel:
+        """The model named `name` (404 if unknown); 400 if it does not serve the route `serves` (a
+        `Capabilities` route) or cannot produce `produces` for it."""
         if name is not None and name not in self.models:
             raise NotFoundError(f"The model `{name}` does not exist.", param="model")
         if name is None:
             for model in self.models.values():
-                if all(model.produces(m) for m in produces):
+                if all(model.produces(m) for m in produces) and (
+                    serves is None or model.capabilities.serves(serves)
+                ):
                     return model
             served = ", ".join(f"{m.name} ({'/'.join(m.modalities)})" for m in self.models.values()) or "none"
             raise InvalidRequestError(f"no served model can answer {route}; served: {served}", param="model")
         model = self.models[name]
+        if serves is not None and not model.capabilities.serves(serves):
+            raise InvalidRequestError(
+                f"model {name!r} does not serve {route} (it serves {', '.join(model.capabilities.routes)})",
+                param="model",
+            )
         missing = [m for m in produces if not model.produces(m)]
         if missing:
             raise InvalidRequestError(
@@ -95,6 +135,7 @@ class ServedModels:
                 "owned_by": "omnistage",
                 "root": str(getattr(m.omni, "model_dir", "") or m.name),
                 "modalities": list(m.modalities),
+                "routes": list(m.capabilities.routes),
                 "stages": [{"stage_id": s.stage_id, "name": s.name, "kind": str(s.kind)} for s in m.stages],
             }
             for m in self.models.values()

@@ -17,6 +17,8 @@ class ServerSettings:
 
     api_key: str | None = None
     max_request_bytes: int = 64 * 1024 * 1024
+    # The global image cap (`--max-generated-image-size`): generated images and frames, and decoded
+    # uploads; each model's own `max_pixels` limit applies under it (serving/limits.py).
     max_image_pixels: int = 4096 * 4096
     storage_dir: Path | None = None
     allowed_local_media_path: Path | None = None

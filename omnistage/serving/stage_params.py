@@ -12,9 +12,10 @@ from typing import Any
 
 import msgspec
 
-from omnistage.config.pipeline import StageKind
+from omnistage.config.capabilities import Limits
 from omnistage.errors import InvalidRequestError
 from omnistage.params import DiffusionParams, GenerationParams, SamplingParams, StageParams, params_class
+from omnistage.serving.limits import check_generation, check_sampling
 from omnistage.serving.served import ServedModel
 
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
@@ -34,10 +35,13 @@ PRIVATE_FIELDS = {
 }
 
 
-def make_params(cls: type[StageParams], fields: dict[str, Any], *, where: str) -> StageParams:
-    """Construct with type checking; errors name the field (as `where.field` for a `stage_params` entry)."""
+def make_params(
+    cls: type[StageParams], fields: dict[str, Any], *, where: str, client: set[str] | None = None
+) -> StageParams:
+    """Construct with type checking; errors name the field (as `where.field` for a `stage_params` entry,
+    whose `client` fields may not be private; all of them when not given)."""
     prefix = f"{where}." if where else ""
-    private = sorted(set(fields) & PRIVATE_FIELDS) if where else []
+    private = sorted(set(fields if client is None else client) & PRIVATE_FIELDS) if where else []
     if private:
         field = f"{prefix}{private[0]}"
         raise InvalidRequestError(f"{field}: cannot be set over HTTP", param=field)
@@ -65,31 +69,61 @@ def build_stage_params(
     diffusion: dict[str, Any] | None = None,
     generation: dict[str, Any] | None = None,
     stage_params: list[dict[str, Any] | None] | None = None,
-) -> list[StageParams | None]:
-    """One entry per stage, in stage order (None: that stage's defaults)."""
+    route_defaults: dict[str, Any] | None = None,
+    limits: Limits | None = None,
+    origins: dict[str, str] | None = None,
+) -> list[dict[str, Any] | None]:
+    """One entry per stage, in stage order: the fields the request names for it (None: that stage's
+    defaults), checked but not yet layered over the defaults (the runtime does that, field by field).
+
+    The model's `Capabilities.fields` says which stages get which group; `route_defaults` (e.g. chat's
+    "no max_tokens: up to the context") apply to the sampling stages under the model's own defaults;
+    `limits` are checked on what each stage would run, `origins` naming the request field of each value.
+    """
+    caps = model.capabilities
     stages = model.stages
     if stage_params is not None and len(stage_params) > len(stages):
         raise InvalidRequestError(
             f"stage_params has {len(stage_params)} entries but model {model.name!r} has {len(stages)} stages",
             param="stage_params",
         )
-    entry_ar = next((s.stage_id for s in stages if s.kind == StageKind.AR), None)
-    result: list[StageParams | None] = []
+    groups = {"sampling": sampling, "diffusion": diffusion, "generation": generation}
+    result: list[dict[str, Any] | None] = []
     for index, stage in enumerate(stages):
         fields: dict[str, Any] = {}
-        if stage.kind == StageKind.AR and stage.stage_id == entry_ar:
-            fields.update(sampling or {})
-        elif stage.kind == StageKind.DIFFUSION:
-            fields.update(diffusion or {})
-        elif stage.kind == StageKind.GENERATION:
-            fields.update(generation or {})
+        for group, values in groups.items():
+            if values and stage.stage_id in caps.stages_for(group):
+                fields.update(values)
+        named = {}
+        if stage.stage_id in caps.stages_for("sampling") and route_defaults:
+            named = model.default_fields(stage.stage_id)
+            fields = {**{k: v for k, v in route_defaults.items() if k not in named}, **fields}
         override = stage_params[index] if stage_params and index < len(stage_params) else None
+        where = f"stage_params[{index}]" if override is not None else ""
+        params = {name: origin for name, origin in (origins or {}).items() if name in fields}
         if override is not None:
             fields.update(override)
-        cls = params_class(stage.kind)
-        where = f"stage_params[{index}]" if override is not None else ""
-        result.append(make_params(cls, fields, where=where) if fields else None)
+            params.update({name: f"{where}.{name}" for name in override})
+        if not fields:
+            result.append(None)
+            continue
+        if limits is not None and limits.max_output_tokens and fields.get("max_tokens", 0) is None:
+            fields["max_tokens"] = limits.max_output_tokens  # "as long as the context allows", capped
+        checked = make_params(params_class(stage.kind), fields, where=where, client=set(override or ()))
+        if limits is not None:
+            _check_limits(model, stage.stage_id, checked, fields, limits, params)
+        result.append({name: getattr(checked, name) for name in fields})
     return result
+
+
+def _check_limits(
+    model: ServedModel, sid: int, checked: Any, fields: dict[str, Any], limits: Limits, params: dict[str, str]
+) -> None:
+    values = {name: getattr(checked, name) for name in fields}
+    if isinstance(checked, DiffusionParams):
+        check_generation(values, model.default_fields(sid), limits, params)
+    elif isinstance(checked, SamplingParams):
+        check_sampling(values, limits, params.get("max_tokens", "max_tokens"))
 
 
 def sampling_fields(request: Any, *, max_tokens: int | None) -> dict[str, Any]:
@@ -132,7 +166,6 @@ def parse_size(size: str | None, *, param: str = "size") -> tuple[int, int] | No
 def diffusion_fields(
     request: Any,
     *,
-    max_pixels: int,
     seed: int | None = None,
     num_outputs: int | None = None,
     images: list[Any] | None = None,
@@ -140,11 +173,7 @@ def diffusion_fields(
     num_frames: int | None = None,
     fps: int | None = None,
 ) -> dict[str, Any]:
-    """DiffusionParams fields from a request's generation fields (only what the client set).
-
-    The pixel limit is checked here, before any work starts: a size the server would refuse must not
-    occupy a diffusion stage first.
-    """
+    """DiffusionParams fields from a request's generation fields (only what the client set)."""
     fields: dict[str, Any] = {}
     for name in (
         "negative_prompt",
@@ -158,15 +187,6 @@ def diffusion_fields(
             fields[name] = value
     size = parse_size(getattr(request, "size", None))
     width, height = size if size else (getattr(request, "width", None), getattr(request, "height", None))
-    if width is not None or height is not None:
-        # One side alone is checked as a square: the model's default for the other side is not known here.
-        w, h = width or height, height or width
-        if w * h > max_pixels:
-            param = "size" if size else ("width" if width is not None else "height")
-            raise InvalidRequestError(
-                f"{param}: requested image size {w}x{h} exceeds the maximum of {max_pixels} pixels",
-                param=param,
-            )
     optional = {
         "width": width,
         "height": height,
@@ -179,3 +199,11 @@ def diffusion_fields(
     }
     fields.update({k: v for k, v in optional.items() if v is not None})
     return fields
+
+
+def diffusion_origins(request: Any, **renamed: str) -> dict[str, str]:
+    """Which request field each DiffusionParams field came from (`size` for both sides of a size)."""
+    origins = {"width": "width", "height": "height"}
+    if getattr(request, "size", None) not in (None, "auto"):
+        origins = {"width": "size", "height": "size"}
+    return {**origins, **renamed}

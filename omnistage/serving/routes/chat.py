@@ -1,8 +1,10 @@
 """POST /v1/chat/completions: text, audio and image outputs, plain or streamed (SSE).
 
-One route serves every pipeline kind: an AR entry stage gets the messages (with decoded media), a
-diffusion entry stage gets the last user text and generation fields (top level or nested in
-`extra_body`). `n > 1` fans out into n runtime requests (seeds offset by the choice index).
+One route serves every pipeline: what the model's `Capabilities` say its entry stage takes decides the
+prompt — chat messages (with decoded media), or the last user text with generation fields (top level or
+nested in `extra_body`). `n > 1` fans out into n runtime requests (seeds offset by the choice index), or
+into a text-prompted model's number of outputs. Without `max_tokens` a reply runs up to the model's
+context (its stage caps it at the context minus the prompt), as vLLM does.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 
-from omnistage.config.pipeline import StageKind
 from omnistage.errors import InvalidRequestError, OmniError
 from omnistage.media import encode_image, encode_video
 from omnistage.outputs import OmniRequestOutput
@@ -26,11 +27,18 @@ from omnistage.serving.chat_prompt import ChatPrompt, build_chat_prompt
 from omnistage.serving.context import ServerContext, get_context
 from omnistage.serving.errors import SchemaError, omni_error_body
 from omnistage.serving.generation import collect, generate, merge, prime, unless_disconnected
+from omnistage.serving.logprobs import TokenLogprobs
 from omnistage.serving.media import data_url, encode_audio
+from omnistage.serving.prompt_tokens import check_chat_tokens
 from omnistage.serving.protocol import ChatCompletionRequest, ChatDiffusionExtras
 from omnistage.serving.served import ServedModel
 from omnistage.serving.sse import DONE, SSE_HEADERS, sse
-from omnistage.serving.stage_params import build_stage_params, diffusion_fields, sampling_fields
+from omnistage.serving.stage_params import (
+    build_stage_params,
+    diffusion_fields,
+    diffusion_origins,
+    sampling_fields,
+)
 
 router = APIRouter()
 AUDIO_EXPIRY_S = 24 * 3600
@@ -40,12 +48,13 @@ AUDIO_EXPIRY_S = 24 * 3600
 async def chat_completions(
     body: ChatCompletionRequest, request: Request, ctx: ServerContext = Depends(get_context)
 ):
-    if body.logprobs or body.top_logprobs:
-        raise InvalidRequestError("logprobs: not supported by this server yet", param="logprobs")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise InvalidRequestError("top_logprobs: needs logprobs set to true", param="top_logprobs")
     requested = body.modalities or (["text", "audio"] if body.audio else None)
-    model = ctx.models.get(body.model, produces=requested or (), route="/v1/chat/completions")
+    model = ctx.models.get(body.model, produces=requested or (), route="/v1/chat/completions", serves="chat")
     modalities = requested or model.default_modalities()
-    chat = await build_chat_prompt(body.messages, ctx.media, ctx.settings)
+    limits = model.limits(ctx.settings)
+    chat = await build_chat_prompt(body.messages, ctx.media, ctx.settings, limits)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     plans = _plan(body, model, chat, ctx)
     streams = [
@@ -59,7 +68,8 @@ async def chat_completions(
         )
         for i, (prompt, params) in enumerate(plans)
     ]
-    reply = _Reply(request_id, model.name, _audio_format(body), text_out="text" in modalities)
+    logprobs = TokenLogprobs(model.tokenizer) if body.logprobs else None
+    reply = _Reply(request_id, model.name, _audio_format(body), "text" in modalities, logprobs)
     if body.stream:
         primed = await unless_disconnected(request, prime(streams))
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -72,34 +82,48 @@ async def chat_completions(
 def _plan(
     body: ChatCompletionRequest, model: ServedModel, chat: ChatPrompt, ctx: ServerContext
 ) -> list[tuple]:
-    """(prompt, per-stage params) for each runtime request this chat request becomes: one for a diffusion
-    entry (`n` becomes its number of outputs), `n` for an AR entry (seeds offset by the choice index)."""
-    pixels = ctx.settings.max_image_pixels
-    if model.entry_kind == StageKind.DIFFUSION:
+    """(prompt, per-stage params) for each runtime request this chat request becomes: one for a model
+    prompted with text (`n` becomes its number of outputs), `n` for one prompted with chat messages."""
+    limits = model.limits(ctx.settings)
+    if model.capabilities.prompt == "text":
         extras = _diffusion_extras(body)
         fields = diffusion_fields(
             extras,
-            max_pixels=pixels,
             seed=extras.seed,
             num_outputs=extras.num_outputs_per_prompt or (body.n if body.n > 1 else None),
             images=chat.media["image"] or None,
         )
-        return [
-            (
-                chat.last_user_text(),
-                build_stage_params(model, diffusion=fields, stage_params=body.stage_params),
-            )
-        ]
+        params = build_stage_params(
+            model,
+            diffusion=fields,
+            stage_params=body.stage_params,
+            limits=limits,
+            origins=diffusion_origins(extras),
+        )
+        return [(chat.last_user_text(), params)]
     voice = body.audio.voice if body.audio and isinstance(body.audio.voice, str) else None
     prompt = chat.as_prompt(speaker=body.speaker or body.voice or voice)
-    diffusion = diffusion_fields(body, max_pixels=pixels, seed=body.seed)  # an AR → DiT pipeline's DiT
+    check_chat_tokens(model, chat.messages, limits)
+    diffusion = diffusion_fields(body, seed=body.seed)  # an AR → DiT pipeline's DiT
+    max_tokens = body.max_completion_tokens or body.max_tokens
     plans = []
     for i in range(body.n):
-        sampling = sampling_fields(body, max_tokens=body.max_completion_tokens or body.max_tokens)
+        sampling = sampling_fields(body, max_tokens=max_tokens)
+        if body.logprobs:
+            sampling["logprobs"] = body.top_logprobs or 0
         if body.seed is not None:
             sampling["seed"] = body.seed + i
         params = build_stage_params(
-            model, sampling=sampling, diffusion=diffusion, stage_params=body.stage_params
+            model,
+            sampling=sampling,
+            diffusion=diffusion,
+            stage_params=body.stage_params,
+            route_defaults={"max_tokens": None},
+            limits=limits,
+            origins={
+                **diffusion_origins(body),
+                "max_tokens": "max_completion_tokens" if body.max_completion_tokens else "max_tokens",
+            },
         )
         plans.append((prompt, params))
     return plans
@@ -130,9 +154,17 @@ def _audio_format(body: ChatCompletionRequest) -> str:
 class _Reply:
     """Builds the response objects of one chat request."""
 
-    def __init__(self, request_id: str, model: str, audio_format: str, text_out: bool = True):
+    def __init__(
+        self,
+        request_id: str,
+        model: str,
+        audio_format: str,
+        text_out: bool = True,
+        logprobs: TokenLogprobs | None = None,
+    ):
         self.id = request_id
         self.text_out = text_out
+        self.logprobs = logprobs
         self.model = model
         self.audio_format = audio_format
         self.created = int(time.time())
@@ -169,12 +201,20 @@ class _Reply:
         return {
             "index": index,
             "message": message,
-            "logprobs": None,
+            "logprobs": self._logprobs(out.logprobs),
             "finish_reason": out.finish_reason or "stop",
         }
 
+    def _logprobs(self, entries: list[Any]) -> dict[str, Any] | None:
+        return None if self.logprobs is None else {"content": self.logprobs.content(entries)}
+
     def chunk(
-        self, index: int, delta: dict[str, Any], modality: str, finish_reason: str | None = None
+        self,
+        index: int,
+        delta: dict[str, Any],
+        modality: str,
+        finish_reason: str | None = None,
+        logprobs: list[Any] | None = None,
     ) -> str:
         return sse(
             {
@@ -184,7 +224,12 @@ class _Reply:
                 "model": self.model,
                 "modality": modality,
                 "choices": [
-                    {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+                    {
+                        "index": index,
+                        "delta": delta,
+                        "logprobs": self._logprobs(logprobs) if logprobs else None,
+                        "finish_reason": finish_reason,
+                    }
                 ],
             }
         )
@@ -237,8 +282,8 @@ async def _stream_events(
 
 def _delta_events(reply: _Reply, index: int, out: OmniRequestOutput) -> list[str]:
     events = []
-    if out.delta_text and reply.text_out:
-        events.append(reply.chunk(index, {"content": out.delta_text}, "text"))
+    if (out.delta_text or out.delta_logprobs) and reply.text_out:
+        events.append(reply.chunk(index, {"content": out.delta_text}, "text", logprobs=out.delta_logprobs))
     samples = audio_of(out, delta=True)
     if samples is not None:
         wav, _ = encode_audio(samples, sample_rate_of(out), "wav")

@@ -1,4 +1,5 @@
-"""POST /v1/completions: text in, text out, plain or streamed (SSE)."""
+"""POST /v1/completions: text in, text out, plain or streamed (SSE). Without `max_tokens`: OpenAI's 16
+(under the model's own defaults)."""
 
 from __future__ import annotations
 
@@ -10,18 +11,19 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
-from omnistage.config.pipeline import StageKind
 from omnistage.errors import InvalidRequestError, OmniError
 from omnistage.outputs import OmniRequestOutput
 from omnistage.serving.context import ServerContext, get_context
 from omnistage.serving.errors import omni_error_body
 from omnistage.serving.generation import collect, generate, merge, prime, unless_disconnected
+from omnistage.serving.prompt_tokens import check_text_tokens
 from omnistage.serving.protocol import CompletionRequest
 from omnistage.serving.sse import DONE, SSE_HEADERS, sse
 from omnistage.serving.stage_params import build_stage_params, sampling_fields
 
 router = APIRouter()
 Prompt = str | list[int]
+DEFAULT_MAX_TOKENS = 16  # OpenAI's
 
 
 def _prompts(body: CompletionRequest) -> list[Prompt]:
@@ -49,11 +51,12 @@ def _check_unsupported(body: CompletionRequest, prompts: list[Prompt]) -> None:
 async def completions(body: CompletionRequest, request: Request, ctx: ServerContext = Depends(get_context)):
     if body.logprobs is not None:
         raise InvalidRequestError("logprobs: not supported by this server yet", param="logprobs")
-    model = ctx.models.get(body.model, produces=["text"], route="/v1/completions")
-    if model.entry_kind != StageKind.AR:
-        raise InvalidRequestError(f"model {model.name!r} does not take text prompts", param="model")
+    model = ctx.models.get(body.model, produces=["text"], route="/v1/completions", serves="completions")
     prompts = _prompts(body)
     _check_unsupported(body, prompts)
+    limits = model.limits(ctx.settings)
+    for prompt in prompts:
+        check_text_tokens(model, prompt, limits)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     streams, echoes = [], []
     for p_index, prompt in enumerate(prompts):
@@ -61,7 +64,13 @@ async def completions(body: CompletionRequest, request: Request, ctx: ServerCont
             sampling = sampling_fields(body, max_tokens=body.max_tokens)
             if body.seed is not None:
                 sampling["seed"] = body.seed + j
-            params = build_stage_params(model, sampling=sampling, stage_params=body.stage_params)
+            params = build_stage_params(
+                model,
+                sampling=sampling,
+                stage_params=body.stage_params,
+                route_defaults={"max_tokens": DEFAULT_MAX_TOKENS},
+                limits=limits,
+            )
             rid = request_id if len(prompts) * body.n == 1 else f"{request_id}-{p_index * body.n + j}"
             streams.append(generate(model, ctx.metrics, prompt, params, rid, ["text"]))
             echoes.append(prompt if body.echo else "")

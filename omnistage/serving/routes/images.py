@@ -15,9 +15,11 @@ from omnistage.serving.artifacts import images_of
 from omnistage.serving.context import ServerContext, get_context
 from omnistage.serving.forms import files, multipart_openapi, read_form, text_fields
 from omnistage.serving.generation import generate, last_output, unless_disconnected
+from omnistage.serving.limits import check_upload
 from omnistage.serving.media import decode_image
 from omnistage.serving.protocol import ImageEditForm, ImageFields, ImageGenerationRequest
-from omnistage.serving.stage_params import build_stage_params, diffusion_fields
+from omnistage.serving.served import ServedModel
+from omnistage.serving.stage_params import build_stage_params, diffusion_fields, diffusion_origins
 
 router = APIRouter()
 EDIT_FILES = {"image": True, "image[]": True, "mask": False}
@@ -30,24 +32,29 @@ def _check(body: ImageFields) -> None:
         raise InvalidRequestError("prompt must not be empty", param="prompt")
 
 
+def _model(request: Request, ctx: ServerContext, body: ImageFields) -> ServedModel:
+    return ctx.models.get(body.model, produces=["image"], route=request.url.path, serves="images")
+
+
 async def _run(
     request: Request, ctx: ServerContext, body: ImageFields, images=None, mask=None
 ) -> dict[str, Any]:
-    model = ctx.models.get(body.model, produces=["image"], route=request.url.path)
+    model = _model(request, ctx, body)
     _check(body)
     size = body.size
     if (size is None or size == "auto") and images and body.width is None and body.height is None:
         size = "{}x{}".format(*images[0].size)  # edits default to the first input image's size
     body = body.model_copy(update={"size": size})
     fields = diffusion_fields(
-        body,
-        max_pixels=ctx.settings.max_image_pixels,
-        seed=body.seed,
-        num_outputs=body.n if body.n > 1 else None,
-        images=images,
-        mask=mask,
+        body, seed=body.seed, num_outputs=body.n if body.n > 1 else None, images=images, mask=mask
     )
-    params = build_stage_params(model, diffusion=fields, stage_params=body.stage_params)
+    params = build_stage_params(
+        model,
+        diffusion=fields,
+        stage_params=body.stage_params,
+        limits=model.limits(ctx.settings),
+        origins=diffusion_origins(body),
+    )
     request_id = f"img-{uuid.uuid4().hex}"
     stream = generate(model, ctx.metrics, body.prompt, params, request_id, ["image"])
     out = await unless_disconnected(request, last_output(stream))
@@ -78,11 +85,15 @@ async def generations(
 async def edits(request: Request, ctx: ServerContext = Depends(get_context)):
     form = await read_form(request)
     body = ImageEditForm.model_validate(text_fields(form, set(EDIT_FILES)))
+    limits = _model(request, ctx, body).limits(ctx.settings)
     uploads = await files(form, "image", "image[]")
     if not uploads:
         raise InvalidRequestError("image: at least one image file is required", param="image")
+    uploads += [("mask", data) for _, data in await files(form, "mask")][:1]
+    for name, data in uploads:
+        check_upload(len(data), limits, name)
     pixels = ctx.settings.max_image_pixels
-    images = [decode_image(data, max_pixels=pixels, param=name) for name, data in uploads]
-    masks = await files(form, "mask")
-    mask = decode_image(masks[0][1], max_pixels=pixels, param="mask") if masks else None
+    decoded = [decode_image(data, max_pixels=pixels, param=name) for name, data in uploads]
+    images = [image for (name, _), image in zip(uploads, decoded, strict=True) if name != "mask"]
+    mask = next((image for (name, _), image in zip(uploads, decoded, strict=True) if name == "mask"), None)
     return await _run(request, ctx, body, images=images, mask=mask)

@@ -16,7 +16,6 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
 
-from omnistage.config.pipeline import StageKind
 from omnistage.errors import InvalidRequestError, OmniError
 from omnistage.outputs import OmniRequestOutput
 from omnistage.serving.artifacts import audio_of, sample_rate_of
@@ -52,20 +51,32 @@ def _validate(body: SpeechRequest) -> None:
         raise InvalidRequestError("input: Input text cannot be empty", param="input")
 
 
-def _request(body: SpeechRequest, model: ServedModel) -> tuple[Any, list]:
-    """(prompt, per-stage params). An AR entry gets a speech prompt dict (the text as `input` and as a user
-    message, with `speaker`, `instructions`, `language`); a diffusion entry (text-to-audio) the text."""
-    if model.entry_kind == StageKind.DIFFUSION:
-        fields = {"seed": body.seed} if body.seed is not None else {}
-        return body.input, build_stage_params(model, diffusion=fields, stage_params=body.stage_params)
-    # A chat-capable pipeline (an omni thinker) reads `messages`; a TTS family reads `input` and the rest.
+def _request(body: SpeechRequest, model: ServedModel, ctx: ServerContext) -> tuple[Any, list]:
+    """(prompt, per-stage params). A model prompted with text (text-to-audio) gets the input text; any other
+    a speech prompt dict (the text as `input` and as a user message, with `speaker`, `instructions`,
+    `language`): a chat-capable pipeline (an omni thinker) reads `messages`, a TTS family the rest."""
+    caps = model.capabilities
+    voice = body.voice_name
+    if voice and caps.voices and voice not in caps.voices:
+        raise InvalidRequestError(
+            f"voice: unknown voice {voice!r}; this model has {list(caps.voices)}", param="voice"
+        )
+    limits = model.limits(ctx.settings)
+    seed = {"seed": body.seed} if body.seed is not None else {}
+    if caps.prompt == "text":
+        params = build_stage_params(model, diffusion=seed, stage_params=body.stage_params, limits=limits)
+        return body.input, params
     prompt = {"task": "speech", "input": body.input, "messages": [{"role": "user", "content": body.input}]}
-    extras = {"speaker": body.voice_name, "instructions": body.instructions, "language": body.language}
+    extras = {"speaker": voice, "instructions": body.instructions, "language": body.language}
     prompt.update({k: v for k, v in extras.items() if v})
-    sampling = {k: v for k, v in (("seed", body.seed), ("max_tokens", body.max_new_tokens)) if v is not None}
-    generation = {"seed": body.seed} if body.seed is not None else {}
+    sampling = {**seed, **({"max_tokens": body.max_new_tokens} if body.max_new_tokens is not None else {})}
     params = build_stage_params(
-        model, sampling=sampling, generation=generation, stage_params=body.stage_params
+        model,
+        sampling=sampling,
+        generation=seed,
+        stage_params=body.stage_params,
+        limits=limits,
+        origins={"max_tokens": "max_new_tokens"},
     )
     return prompt, params
 
@@ -96,8 +107,8 @@ def _usage_headers(usage: dict[str, Any]) -> dict[str, str]:
 @router.post("/v1/audio/speech")
 async def create_speech(body: SpeechRequest, request: Request, ctx: ServerContext = Depends(get_context)):
     _validate(body)
-    model = ctx.models.get(body.model, produces=["audio"], route="/v1/audio/speech")
-    prompt, params = _request(body, model)
+    model = ctx.models.get(body.model, produces=["audio"], route="/v1/audio/speech", serves="speech")
+    prompt, params = _request(body, model, ctx)
     stream = generate(model, ctx.metrics, prompt, params, f"speech-{uuid.uuid4().hex}", ["audio"])
     if not body.streaming:
         out = await unless_disconnected(request, last_output(stream))

@@ -23,10 +23,11 @@ from omnistage.serving.context import ServerContext, get_context
 from omnistage.serving.errors import ConflictError, SchemaError
 from omnistage.serving.forms import files, multipart_openapi, read_form, text_fields
 from omnistage.serving.generation import generate
+from omnistage.serving.limits import check_upload
 from omnistage.serving.media import decode_image
 from omnistage.serving.protocol import VideoCreateRequest, VideoError, VideoJob
 from omnistage.serving.served import ServedModel
-from omnistage.serving.stage_params import build_stage_params, diffusion_fields
+from omnistage.serving.stage_params import build_stage_params, diffusion_fields, diffusion_origins
 
 logger = logging.getLogger(__name__)
 router = APIRouter()
@@ -39,9 +40,8 @@ def _create_openapi() -> dict[str, Any]:
     return extra
 
 
-async def _read_body(request: Request, ctx: ServerContext) -> tuple[VideoCreateRequest, Any]:
-    """The request and its reference image (decoded), from a JSON or a multipart body."""
-    pixels = ctx.settings.max_image_pixels
+async def _read_body(request: Request, ctx: ServerContext) -> tuple[VideoCreateRequest, bytes | None]:
+    """The request and its reference image's bytes, from a JSON or a multipart body."""
     if request.headers.get("content-type", "").startswith("application/json"):
         try:
             raw = json.loads(await request.body())
@@ -52,20 +52,23 @@ async def _read_body(request: Request, ctx: ServerContext) -> tuple[VideoCreateR
         body = VideoCreateRequest.model_validate(raw)
         reference = None
         if body.input_reference:
-            data, _ = await ctx.media.read(body.input_reference, param="input_reference")
-            reference = decode_image(data, max_pixels=pixels, param="input_reference")
+            reference, _ = await ctx.media.read(body.input_reference, param="input_reference")
         return body, reference
     form = await read_form(request)
     body = VideoCreateRequest.model_validate(text_fields(form, {"input_reference"}))
     uploads = await files(form, "input_reference")
-    reference = decode_image(uploads[0][1], max_pixels=pixels, param="input_reference") if uploads else None
-    return body, reference
+    return body, uploads[0][1] if uploads else None
 
 
 @router.post("/v1/videos", openapi_extra=_create_openapi())
 async def create_video(request: Request, ctx: ServerContext = Depends(get_context)) -> dict:
-    body, reference = await _read_body(request, ctx)
-    model = ctx.models.get(body.model, produces=["video"], route="/v1/videos")
+    body, data = await _read_body(request, ctx)
+    model = ctx.models.get(body.model, produces=["video"], route="/v1/videos", serves="videos")
+    limits = model.limits(ctx.settings)
+    reference = None
+    if data is not None:
+        check_upload(len(data), limits, "input_reference")
+        reference = decode_image(data, max_pixels=ctx.settings.max_image_pixels, param="input_reference")
     if not body.prompt.strip():
         raise InvalidRequestError("prompt must not be empty", param="prompt")
     fps = body.fps
@@ -79,13 +82,19 @@ async def create_video(request: Request, ctx: ServerContext = Depends(get_contex
             )
     fields = diffusion_fields(
         body,
-        max_pixels=ctx.settings.max_image_pixels,
         seed=body.seed,
         images=[reference] if reference is not None else None,
         num_frames=num_frames,
         fps=fps,
     )
-    params = build_stage_params(model, diffusion=fields, stage_params=body.stage_params)
+    origins = diffusion_origins(body, num_frames="num_frames" if body.num_frames else "seconds")
+    params = build_stage_params(
+        model,
+        diffusion=fields,
+        stage_params=body.stage_params,
+        limits=limits,
+        origins=origins,
+    )
     _check_admission(model)
     size = body.size or (f"{body.width}x{body.height}" if body.width and body.height else "auto")
     job = ctx.videos.create(model=model.name, prompt=body.prompt, size=size, seconds=body.seconds or "auto")

@@ -17,7 +17,7 @@ import torch
 
 from omnistage.config.pipeline import load_ref
 from omnistage.errors import InvalidRequestError
-from omnistage.params import SamplingParams, apply_constraints
+from omnistage.params import SamplingParams, apply_constraints, layer_params
 from omnistage.stages.ar.sequence import ARRequest
 from omnistage.stages.base import StageRequest
 
@@ -38,22 +38,17 @@ class InputRules:
 
 
 def make_params(given: Any, rules: InputRules) -> SamplingParams:
-    """The request's SamplingParams over the stage defaults, with the stage's constraints on top."""
-    try:
-        if given is None:
-            params = SamplingParams(**rules.default_params)
-        elif isinstance(given, dict):
-            params = SamplingParams(**{**rules.default_params, **given})
-        elif isinstance(given, SamplingParams):
-            params = given
-        else:
-            raise InvalidRequestError(
-                f"params must be SamplingParams for an AR stage, got {type(given).__name__}", param="params"
-            )
-        if rules.constraints:
-            params = apply_constraints(params, rules.constraints)
-    except TypeError as exc:
-        raise InvalidRequestError(f"invalid sampling parameter: {exc}", param="params") from exc
+    """A SamplingParams as given (the API has layered it already), or a dict of fields (or None) layered
+    over the stage defaults; the stage's constraints on top."""
+    if given is not None and not isinstance(given, dict | SamplingParams):
+        raise InvalidRequestError(
+            f"params must be SamplingParams for an AR stage, got {type(given).__name__}", param="params"
+        )
+    if not isinstance(given, SamplingParams):
+        given = layer_params(SamplingParams, rules.default_params, given)
+    params = given
+    if rules.constraints:
+        params = apply_constraints(params, rules.constraints)
     bad = [t for t in params.allowed_token_ids or [] if not 0 <= t < rules.vocab_size]
     if bad or params.allowed_token_ids == []:
         raise InvalidRequestError(

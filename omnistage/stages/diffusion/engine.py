@@ -28,7 +28,7 @@ from omnistage import media
 from omnistage.config.deploy import StageDeploy
 from omnistage.errors import ConfigError, InvalidRequestError
 from omnistage.outputs import StageOutput
-from omnistage.params import DiffusionParams
+from omnistage.params import DiffusionParams, layer_params
 from omnistage.stages.base import EngineContext, StageRequest
 from omnistage.stages.diffusion.request import DiffusionRequest
 from omnistage.stages.diffusion.runner import DiffusionRunner
@@ -198,9 +198,8 @@ class DiffusionEngine:
         )
 
     def _with_stage_defaults(self, params: DiffusionParams) -> DiffusionParams:
-        """The deploy's default_params fill what the request left unset."""
-        unset = {k: v for k, v in self.default_params.items() if getattr(params, k, None) is None}
-        return msgspec.structs.replace(params, **unset) if unset else params
+        """The deploy's default_params under the request's fields (`layer_params`: the one rule)."""
+        return layer_params(DiffusionParams, self.default_params, params) if self.default_params else params
 
     # ---- request mode
     def _request_mode(self) -> list[StageOutput]:

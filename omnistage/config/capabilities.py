@@ -1,0 +1,134 @@
+"""What a pipeline serves, declared by its family: the routes, the prompt its entry stage takes, which stage
+gets which request fields, its limits and its voices.
+
+The HTTP layer reads only this object, never the stages' kinds or names, so a new family is served by
+declaring its `Capabilities` in its own file. A pipeline that declares none gets one derived from its
+topology (`derive_capabilities`), which is how user pipelines keep working unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from omnistage.errors import ConfigError
+
+if TYPE_CHECKING:
+    from omnistage.config.pipeline import PipelineSpec
+
+ROUTES = ("chat", "completions", "speech", "images", "videos")
+# What the entry stage takes: chat messages (a prompt dict with `messages` and media), plain text (the
+# last user text, the speech input), or a speech prompt dict (`input`, `messages`, `speaker`, ...).
+PROMPTS = ("chat", "text", "speech")
+# Request field groups and the params type each fills.
+FIELD_GROUPS = ("sampling", "diffusion", "generation")
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """What one request may ask of the model; None: no limit. A request past one is refused (400) before
+    any work starts. The deploy YAML's `limits:` block lowers or raises them."""
+
+    max_pixels: int | None = None  # width x height of a generated image or video frame
+    max_width: int | None = None
+    max_height: int | None = None
+    max_frames: int | None = None
+    max_steps: int | None = None  # num_inference_steps
+    max_input_tokens: int | None = None
+    max_output_tokens: int | None = None
+    max_audio_seconds: float | None = None  # of an input audio clip
+    max_upload_bytes: int | None = None  # of one uploaded or referenced media file
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise ConfigError(f"limits.{field.name} must be a number or null, got {value!r}")
+            if value is not None and value <= 0:
+                raise ConfigError(f"limits.{field.name} must be > 0, got {value}")
+
+    def replaced(self, overrides: Mapping[str, Any] | None, where: str = "limits") -> Limits:
+        """These limits with `overrides` (a deploy YAML block) on top; unknown keys are errors."""
+        if not overrides:
+            return self
+        if not isinstance(overrides, Mapping):
+            raise ConfigError(f"{where} must be a mapping of limit names to numbers")
+        names = [f.name for f in dataclasses.fields(self)]
+        unknown = sorted(set(overrides) - set(names))
+        if unknown:
+            raise ConfigError(f"unknown key {unknown[0]!r} in {where}; allowed keys: {', '.join(names)}")
+        return dataclasses.replace(self, **overrides)
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """The serving contract of one pipeline.
+
+    `fields` maps each request field group onto the stages it goes to: "sampling" (temperature,
+    max_tokens, ... as SamplingParams), "diffusion" (size, steps, guidance, ... as DiffusionParams),
+    "generation" (the seed of single-pass generators). Stages not named keep their own defaults;
+    `stage_params[i]` still reaches any stage.
+    """
+
+    routes: tuple[str, ...]
+    prompt: str = "chat"
+    fields: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    limits: Limits = Limits()
+    voices: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "routes", tuple(self.routes))
+        object.__setattr__(self, "voices", tuple(self.voices))
+        object.__setattr__(self, "fields", {k: tuple(v) for k, v in dict(self.fields).items()})
+        bad = [r for r in self.routes if r not in ROUTES]
+        if bad:
+            raise ConfigError(f"capabilities: unknown route {bad[0]!r} (routes: {', '.join(ROUTES)})")
+        if self.prompt not in PROMPTS:
+            raise ConfigError(f"capabilities: prompt must be one of {PROMPTS}, got {self.prompt!r}")
+        bad = [g for g in self.fields if g not in FIELD_GROUPS]
+        if bad:
+            raise ConfigError(f"capabilities: unknown field group {bad[0]!r} (groups: {FIELD_GROUPS})")
+
+    def serves(self, route: str) -> bool:
+        return route in self.routes
+
+    def stages_for(self, group: str) -> tuple[int, ...]:
+        return self.fields.get(group, ())
+
+    def with_limits(self, overrides: Mapping[str, Any] | None, where: str = "limits") -> Capabilities:
+        return dataclasses.replace(self, limits=self.limits.replaced(overrides, where))
+
+    def validate_for(self, pipeline: PipelineSpec) -> list[str]:
+        """Stage ids that are not the pipeline's (a declaration that drifted from the topology)."""
+        ids = {s.stage_id for s in pipeline.stages}
+        return [
+            f"capabilities.fields[{group!r}] names stage {sid}, which {pipeline.name!r} does not have"
+            for group, stages in self.fields.items()
+            for sid in stages
+            if sid not in ids
+        ]
+
+
+def derive_capabilities(pipeline: PipelineSpec) -> Capabilities:
+    """Capabilities read off the topology, for pipelines that declare none: an AR entry takes chat messages
+    and the sampling fields, diffusion stages take the generation fields, generators the seed."""
+    from omnistage.config.pipeline import StageKind
+
+    entries = [s for s in pipeline.stages if not s.inputs]
+    entry = min(entries, key=lambda s: s.stage_id)
+    ar_entry = entry.kind is StageKind.AR
+    modalities = pipeline.modalities
+    routes = ["chat"]
+    if ar_entry and "text" in modalities:
+        routes.append("completions")
+    for modality, route in (("audio", "speech"), ("image", "images"), ("video", "videos")):
+        if modality in modalities:
+            routes.append(route)
+    fields = {
+        "sampling": (entry.stage_id,) if ar_entry else (),
+        "diffusion": tuple(s.stage_id for s in pipeline.stages if s.kind is StageKind.DIFFUSION),
+        "generation": tuple(s.stage_id for s in pipeline.stages if s.kind is StageKind.GENERATION),
+    }
+    prompt = "chat" if ar_entry else "text"
+    return Capabilities(routes=tuple(routes), prompt=prompt, fields={k: v for k, v in fields.items() if v})
