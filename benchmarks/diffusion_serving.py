@@ -140,12 +140,12 @@ def run_engine(engine: DiffusionEngine, jobs: list[dict], extra: dict | None = N
                     raise RuntimeError(f"{out.request_id}: {out.error}")
                 finish = time.monotonic() - start
                 arrival = next(j["arrival"] for j in jobs if j["id"] == out.request_id)
-                video = out.tensors.get("video", out.tensors.get("images"))
+                video = out.video if out.video is not None else out.images
                 results[out.request_id] = {
                     "latency": finish - arrival,
                     "finish": finish,
                     "output": video.numpy(),
-                    "metrics": out.data["metrics"],
+                    "metrics": out.metrics,
                 }
     return results
 

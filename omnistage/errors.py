@@ -59,10 +59,11 @@ class StageError(OmniError):
         stage_id: int | None = None,
         stage_name: str | None = None,
         exc_type: str | None = None,
+        param: str | None = None,
     ):
         where = f"stage {stage_id} ({stage_name})" if stage_name else f"stage {stage_id}"
         text = f"{where} failed: {exc_type + ': ' if exc_type else ''}{message}"
-        super().__init__(text)
+        super().__init__(text, param=param)
         self.stage_id = stage_id
         self.stage_name = stage_name
         self.exc_type = exc_type

@@ -54,12 +54,12 @@ def speaker_of(prompt: Any) -> str:
 def thinker_input(ctx: StageInputContext) -> StageRequest:
     from omnistage.models.qwen2_5_omni.thinker import thinker_prompt
 
-    speakers = ctx.engine.model.speakers
+    speakers = ctx.resources.speakers
     if speakers and speaker_of(ctx.prompt) not in speakers:  # fail before any work, not at the talker
         raise InvalidRequestError(
             f"unknown speaker {speaker_of(ctx.prompt)!r}; this model has {speakers}", param="speaker"
         )
-    ids, inputs = thinker_prompt(ctx.engine.model, ctx.prompt)
+    ids, inputs = thinker_prompt(ctx.resources, ctx.prompt)
     return StageRequest(ctx.request_id, prompt=ids, params=ctx.params, inputs=inputs)
 
 
@@ -72,10 +72,10 @@ def _talker_request(ctx: StageInputContext, finished: bool) -> StageRequest:
 
     thinker = ctx.upstream[0]
     ids, inputs = talker_prompt(
-        ctx.engine.model,
-        thinker.data["prompt_token_ids"],
+        ctx.resources,
+        thinker.prompt_token_ids,
         thinker.token_ids,
-        thinker.tensor("hidden_states"),
+        thinker.hidden(-1),
         speaker_of(ctx.prompt),
         thinker.data.get("mrope_positions"),
         thinker.data.get("rope_delta", 0),
@@ -98,8 +98,8 @@ def talker_chunk(ctx: StageInputContext, chunk: StageOutput, last: bool) -> Stag
         ctx.state["rows"] = request.inputs["thinker_reply"].shape[0]
         return request
     start = ctx.state["rows"]
-    new_hidden = thinker.tail("hidden_states", new_reply_rows(len(thinker.token_ids), start))
-    rows = talker_reply_rows(ctx.engine.model, thinker.token_ids, new_hidden, start, finished=last)
+    new_hidden = thinker.hidden_tail(-1, new_reply_rows(len(thinker.token_ids), start))
+    rows = talker_reply_rows(ctx.resources, thinker.token_ids, new_hidden, start, finished=last)
     ctx.state["rows"] += rows.shape[0]
     return {"thinker_reply": rows} if rows.shape[0] or last else None
 
@@ -120,7 +120,7 @@ def code2wav_chunk(ctx: StageInputContext, chunk: StageOutput, last: bool) -> St
 
 
 def _spoken(ctx: StageInputContext, token_ids: list[int]) -> torch.Tensor:
-    stop = set(ctx.engine.generator.stop_codes)
+    stop = set(ctx.resources.stop_codes)
     return torch.tensor([t for t in token_ids if t not in stop], dtype=torch.long)
 
 

@@ -14,7 +14,7 @@ import msgspec
 
 from omnistage.connectors.base import Payload, TensorRef, decode_payload, encode_payload, is_payload_value
 from omnistage.connectors.shm import ShmConnector
-from omnistage.outputs import StageOutput, StageResult
+from omnistage.outputs import BULK_FIELDS, StageOutput, StageResult
 from omnistage.params import DiffusionParams, GenerationParams, SamplingParams
 
 INLINE_EXT = 1
@@ -170,8 +170,17 @@ def iter_payloads(obj: Any, values: bool = False):
         for v in obj:
             yield from iter_payloads(v, values)
     elif isinstance(obj, StageOutput):
-        yield from iter_payloads(obj.tensors, values)
+        for name in BULK_FIELDS:
+            yield from iter_payloads(getattr(obj, name), values)
         yield from iter_payloads(obj.data, values)
     elif isinstance(obj, StageResult):
+        for parts in (
+            obj.hidden_chunks,
+            obj.code_chunks,
+            obj.audio_chunks,
+            obj.image_chunks,
+            obj.video_chunks,
+        ):
+            yield from iter_payloads(parts, values)
         yield from iter_payloads(obj.chunks, values)
         yield from iter_payloads(obj.data, values)

@@ -265,7 +265,10 @@ class Orchestrator:
         self.payload_stats["bytes"] += sum(p.ref.nbytes for p in payloads)
         spec = self.pipeline.stage(sid)
         if out.error:
-            self._fail(rs, StageError(out.error, stage_id=sid, stage_name=spec.name, exc_type=out.error_type))
+            error = StageError(
+                out.error, stage_id=sid, stage_name=spec.name, exc_type=out.error_type, param=out.error_param
+            )
+            self._fail(rs, error)
             return
         rs.record(sid, out)
         if out.finished and sid in rs.bound:

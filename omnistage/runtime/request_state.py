@@ -77,7 +77,7 @@ class RequestState:
     def record(self, sid: int, out: StageOutput) -> None:
         """Fold a stage delta into the accumulated results."""
         self.status = RequestStatus.RUNNING
-        index = out.data.get("index")
+        index = out.choice.index if out.choice else 0
         if index:
             result = self.choices.setdefault(sid, {}).setdefault(index, StageResult(stage_id=sid))
             result.add(out)
@@ -102,26 +102,27 @@ class RequestState:
             result = self.results[sid]
             update.delta_token_ids, update.delta_text = list(out.token_ids), out.text
             update.token_ids, update.text = list(result.token_ids), result.text
+            update.delta_logprobs = list(out.logprobs or [])
             self.marks.setdefault("ttft_s", now)
             shown = True
-        if "audio" in out.tensors:
-            chunk = self.materialize(out.tensors["audio"])
+        if out.audio is not None:
+            chunk = self.materialize(out.audio)
             self.audio.append(chunk)
             update.delta_audio = chunk
-            update.sample_rate = self.results[sid].data.get("sample_rate")
+            update.sample_rate = self.results[sid].sample_rate
             self.marks.setdefault("first_audio_s", now)
             shown = True
-        if "progress" in out.data:
-            update.progress = out.data["progress"]
+        if out.progress is not None:
+            update.progress = out.progress
             shown = True
-        if "index" in out.data:
-            update.data["index"] = out.data["index"]
+        if out.choice is not None:
+            update.data["index"] = out.choice.index
         update.prompt_token_ids = self.prompt_token_ids()
         return update if shown else None
 
     def prompt_token_ids(self) -> list[int]:
         for sid in sorted(self.results):
-            ids = self.results[sid].data.get("prompt_token_ids")
+            ids = self.results[sid].prompt_token_ids
             if ids is not None:
                 return list(ids)
         return []
@@ -137,32 +138,35 @@ class RequestState:
             out.data.update({k: v for k, v in result.data.items() if not isinstance(v, Payload)})
             if result.finish_reason:
                 finish_reasons.append((modality, result.finish_reason))
+            out.sample_rate = out.sample_rate or result.sample_rate
+            out.fps = out.fps or result.fps
+            out.progress = result.progress or out.progress
+            out.metrics.update(result.metrics)
             if modality == "text":
                 out.text, out.token_ids = result.text, list(result.token_ids)
+                out.logprobs = list(result.logprobs)
                 if sid in self.choices:
                     out.outputs["choices"] = self._choices(sid)
-            for key in result.chunks:
-                if key == "audio":
-                    continue
-                # Read every chunk first: a chunk may still be a shared-memory reference.
-                parts = [self.materialize(part) for part in result.chunks[key]]
-                value = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
-                if key == "images":
-                    out.images = images_from_tensor(value)
-                elif key == "video":
-                    out.video = value
-                else:
-                    out.outputs[key] = value
+            # Read every chunk first: a chunk may still be a shared-memory reference.
+            if result.image_chunks:
+                out.images = images_from_tensor(self._joined(result.image_chunks))
+            if result.video_chunks:
+                out.video = self._joined(result.video_chunks)
+            if result.code_chunks:
+                out.outputs["codes"] = self._joined(result.code_chunks)
+            for key, parts in result.chunks.items():
+                out.outputs[key] = self._joined(parts)
         if self.audio:
             out.audio = torch.cat([a.reshape(-1) for a in self.audio])
-            out.sample_rate = out.data.get("sample_rate")
-        out.fps = out.data.get("fps")
-        out.progress = out.data.get("progress")
         text_reason = [r for m, r in finish_reasons if m == "text"]
         out.finish_reason = reason or (text_reason or [r for _, r in finish_reasons] or [None])[-1]
         self.marks["e2e_s"] = time.monotonic() - self.arrival
-        out.metrics = dict(self.marks)
+        out.metrics.update(self.marks)
         return out
+
+    def _joined(self, parts: list[Any]) -> Any:
+        parts = [self.materialize(part) for part in parts]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
 
     def _choices(self, sid: int) -> list[dict[str, Any]]:
         seqs = {0: self.results[sid], **self.choices.get(sid, {})}
@@ -171,7 +175,8 @@ class RequestState:
                 "index": i,
                 "text": r.text,
                 "token_ids": list(r.token_ids),
-                "finish_reason": r.data.get("seq_finish_reason") or r.finish_reason,
+                "finish_reason": (r.choice.finish_reason if r.choice else None) or r.finish_reason,
+                "logprobs": list(r.logprobs),
             }
             for i, r in sorted(seqs.items())
         ]

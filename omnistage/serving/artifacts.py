@@ -54,8 +54,8 @@ def audio_of(out: OmniRequestOutput, *, delta: bool = False) -> np.ndarray | Non
 
 
 def sample_rate_of(out: OmniRequestOutput) -> int:
-    return int(out.sample_rate or out.data.get("sample_rate") or DEFAULT_SAMPLE_RATE)
+    return int(out.sample_rate or DEFAULT_SAMPLE_RATE)
 
 
 def fps_of(out: OmniRequestOutput) -> int:
-    return int(out.fps or out.data.get("fps") or DEFAULT_FPS)
+    return int(out.fps or DEFAULT_FPS)

@@ -80,7 +80,7 @@ def client_facing(error: OmniError) -> OmniError:
     if isinstance(error, StageError) and error.exc_type == InvalidRequestError.__name__:
         where = f"stage {error.stage_id} ({error.stage_name})" if error.stage_name else "a stage"
         detail = error.message.split(f"{InvalidRequestError.__name__}: ", 1)[-1]
-        return InvalidRequestError(f"{where} rejected the request: {detail}")
+        return InvalidRequestError(f"{where} rejected the request: {detail}", param=error.param)
     return error
 
 

@@ -56,6 +56,11 @@ class StageEngine(Protocol):
 
     def wake_up(self) -> None: ...
 
+    def input_resources(self) -> Any:
+        """What the stage's input processors may use (see StageInputContext.resources); engines that lend
+        nothing may omit it."""
+        ...
+
     def stats(self) -> dict[str, Any]:
         """At least `num_requests`: how many requests the engine holds (waiting, running or parked)."""
         ...
@@ -72,7 +77,9 @@ class StageInputContext:
 
     `upstream` holds the accumulated results of the stage's input stages (all finished, in full handoff;
     the producing stage so far, in async-chunk handoff). `state` is per-request scratch that survives
-    between chunk-processor calls. `engine` gives access to what the engine owns (tokenizer, config).
+    between chunk-processor calls. `resources` is what the stage's engine lends its processors
+    (`engine.input_resources()`: the family's loaded model with its tokenizer and processor, a generator):
+    a family's processors read their own model's parts there, never the engine's internals.
     """
 
     request_id: str
@@ -80,7 +87,7 @@ class StageInputContext:
     params: Any
     upstream: dict[int, StageResult]
     stage: StageSpec
-    engine: Any = None
+    resources: Any = None
     state: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 

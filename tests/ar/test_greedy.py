@@ -55,12 +55,12 @@ def test_greedy_matches_transformers(arch: str, mode: str, kernels: str, monkeyp
     for i, p in enumerate(prompts):
         expected = hf_greedy(arch, tuple(p), MAX_NEW)
         assert results[f"r{i}"].token_ids == expected, f"request {i} ({len(p)} prompt tokens)"
-        assert results[f"r{i}"].data["prompt_token_ids"] == p
+        assert results[f"r{i}"].prompt_token_ids == p
     stats = engine.stats()
     assert stats["num_requests"] == 0 and stats["kv_blocks_free"] == stats["kv_blocks_total"]
     if mode == "prefix_cache":
         assert stats["prefix_cache_hits"] > 0
-        assert any(results[f"r{i}"].data["num_cached_tokens"] > 0 for i in range(1, 16, 2))
+        assert any(results[f"r{i}"].num_cached_tokens > 0 for i in range(1, 16, 2))
     if mode == "no_prefix_cache":
         assert stats["prefix_cache_hits"] == 0
     if mode == "preemption":

@@ -208,11 +208,11 @@ def test_hidden_states_rows_equal_transformers_across_chunks() -> None:
             StageRequest("x", PROMPT, params(6)),
         ],
     )
-    hidden = results["h"].tensor("hidden_states")
+    hidden = results["h"].hidden(-1)
     out = results["h"].token_ids
     assert hidden.shape == (len(prompt) + len(out) - 1, H)
-    assert len([d for d in deltas["h"] if "hidden_states" in d.tensors]) > 3
-    assert results["x"].tensor("hidden_states") is None
+    assert len([d for d in deltas["h"] if -1 in d.hidden_states]) > 3
+    assert results["x"].hidden(-1) is None
     with torch.inference_mode():
         expected = hf_model("qwen2").model(torch.tensor([prompt + out[:-1]])).last_hidden_state[0]
     torch.testing.assert_close(hidden, expected, atol=1e-4, rtol=1e-4)

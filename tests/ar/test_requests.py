@@ -26,7 +26,7 @@ def test_max_tokens_finishes_with_length() -> None:
     assert len(results["a"].token_ids) == 7 and results["a"].finish_reason == "length"
     assert len(results["b"].token_ids) == 1 and results["b"].finish_reason == "length"
     assert [d.finished for d in deltas["a"]] == [False] * 6 + [True]
-    assert results["a"].data["num_cached_tokens"] == 0
+    assert results["a"].num_cached_tokens == 0
 
 
 def test_min_tokens_holds_back_eos() -> None:
@@ -63,7 +63,7 @@ def test_stop_token_ids_and_ignore_eos() -> None:
         ],
     )
     assert results["stop"].token_ids == reference[: first + 1]
-    assert results["stop"].finish_reason == "stop" and results["stop"].data["stop_reason"] == stop_id
+    assert results["stop"].finish_reason == "stop" and results["stop"].stop_reason == stop_id
     assert results["eos"].token_ids == [IM_END] * 12 and results["eos"].finish_reason == "length"
 
 
@@ -82,7 +82,7 @@ def test_stop_strings_truncate_text_and_stream_nothing_past_them(include: bool) 
     expected = full_text[: cut + len(stop)] if include else full_text[:cut]
     assert results["s"].text == expected
     assert "".join(d.text for d in deltas["s"]) == expected
-    assert results["s"].finish_reason == "stop" and results["s"].data["stop_reason"] == stop
+    assert results["s"].finish_reason == "stop" and results["s"].stop_reason == stop
     assert results["s"].token_ids == reference[: len(results["s"].token_ids)]
     assert len(results["s"].token_ids) < 24
 
@@ -93,7 +93,7 @@ def test_logprobs_match_transformers_scores() -> None:
     results, deltas = run(
         engine, [StageRequest("lp", prompt, greedy(6, logprobs=3)), StageRequest("none", prompt, greedy(6))]
     )
-    entries = [e for d in deltas["lp"] for e in d.data["logprobs"]]
+    entries = [e for d in deltas["lp"] for e in d.logprobs]
     assert all("logprobs" not in d.data for d in deltas["none"])
     with torch.inference_mode():
         out = hf_model("qwen2").generate(
@@ -201,7 +201,7 @@ def test_bad_requests_fail_alone_with_the_field_named() -> None:
     for rid, (_, field) in bad.items():
         assert len(deltas[rid]) == 1 and results[rid].finish_reason == "error", rid
         out = deltas[rid][0]
-        assert out.error_type == "InvalidRequestError" and out.data["param"] == field, (rid, out.error)
+        assert out.error_type == "InvalidRequestError" and out.error_param == field, (rid, out.error)
     assert "64" in deltas["long"][0].error
     assert results["good"].token_ids == hf_greedy("qwen2", tuple(PROMPTS[0]), 8)
 
@@ -250,9 +250,9 @@ def test_prompt_forms() -> None:
     )
     ids = tokenizer(text)["input_ids"]
     for rid in ("str", "dict_prompt", "ids"):
-        assert results[rid].data["prompt_token_ids"] == ids
+        assert results[rid].prompt_token_ids == ids
         assert results[rid].token_ids == hf_greedy("qwen2", tuple(ids), 4)
-    assert results["chat"].data["prompt_token_ids"] == list(chat_ids)
+    assert results["chat"].prompt_token_ids == list(chat_ids)
     assert tokenizer.decode(chat_ids).endswith("<|im_start|>assistant\n")
 
 

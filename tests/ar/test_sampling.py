@@ -65,12 +65,12 @@ def test_n_greater_than_one_outputs() -> None:
     params = SamplingParams(temperature=1.0, seed=5, n=3, max_tokens=6)
     results, deltas = run(make_engine(), [StageRequest("n3", [5, 6, 7, 8], params)])
     outs = deltas["n3"]
-    assert all("index" in o.data for o in outs)
+    assert all(o.choice is not None for o in outs)
     assert [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
-    assert sorted(o.data["index"] for o in outs if o.data.get("seq_finished")) == [0, 1, 2]
-    assert all(o.data["seq_finish_reason"] == "length" for o in outs if o.data.get("seq_finished"))
-    assert outs[0].data["prompt_token_ids"] == [5, 6, 7, 8]
-    per_index = {i: [t for o in outs if o.data["index"] == i for t in o.token_ids] for i in range(3)}
+    assert sorted(o.choice.index for o in outs if o.choice.finished) == [0, 1, 2]
+    assert all(o.choice.finish_reason == "length" for o in outs if o.choice.finished)
+    assert outs[0].prompt_token_ids == [5, 6, 7, 8]
+    per_index = {i: [t for o in outs if o.choice.index == i for t in o.token_ids] for i in range(3)}
     for i in range(3):  # sequence i draws from seed + i
         single = SamplingParams(temperature=1.0, seed=5 + i, max_tokens=6)
         alone, _ = run(make_engine(), [StageRequest("one", [5, 6, 7, 8], single)])

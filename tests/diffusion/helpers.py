@@ -60,7 +60,8 @@ def drain(engine: DiffusionEngine, max_steps: int = 1000) -> dict[str, list]:
 
 def final_tensor(out) -> torch.Tensor:
     assert out.finished and out.error is None, out.error
-    return next(out.tensors[k] for k in ("video", "images", "audios", "audio") if k in out.tensors)
+    candidates = (out.video, out.images, out.tensors.get("audios"), out.audio)
+    return next(value for value in candidates if value is not None)
 
 
 @functools.cache

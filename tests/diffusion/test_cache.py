@@ -56,11 +56,11 @@ def test_cache_dit_matches_diffusers_with_cache_dit(mode, taylorseer, uncached):
     outs = drain(eng)
     cached = outs["c"][-1]
     assert (final_tensor(cached) - expected).abs().max() <= 1e-4
-    metrics = cached.data["metrics"]
+    metrics = cached.metrics
     assert metrics["cache"] == "cache_dit" and metrics["cached_steps"] == expected_cached > 0
     assert metrics["computed_steps"] == STEPS - expected_cached
     assert (final_tensor(cached) - uncached).abs().max() > 1e-3  # it really skipped work
-    assert outs["plain"][-1].data["metrics"]["cached_steps"] == 0
+    assert outs["plain"][-1].metrics["cached_steps"] == 0
     if taylorseer:  # the forecast really changes what cached steps add
         assert (final_tensor(cached) - diffusers_with_cache_dit(AGGRESSIVE, False)[0]).abs().max() > 1e-4
 
@@ -77,7 +77,7 @@ def test_cache_dit_fixed_schedule_and_uncached_neighbours(uncached):
     eng.add_request(request("m", "a cat", **WAN, seed=1, cache="cache_dit", cache_options=mask))
     eng.add_request(request("u", "a cat", **WAN, seed=1))
     outs = drain(eng)
-    assert outs["m"][-1].data["metrics"]["cached_steps"] == 2
+    assert outs["m"][-1].metrics["cached_steps"] == 2
     assert (final_tensor(outs["u"][-1]) - uncached).abs().max() <= 1e-4
 
 
@@ -91,11 +91,11 @@ def test_teacache_follows_its_threshold(uncached):
     )
     outs = drain(eng)
     never, always = outs["never"][-1], outs["always"][-1]
-    assert never.data["metrics"]["cached_steps"] == 0
+    assert never.metrics["cached_steps"] == 0
     assert (final_tensor(never) - uncached).abs().max() <= 1e-4
     # The first step fills the cache and the last is always computed; every other step reuses it.
-    assert always.data["metrics"]["cached_steps"] == STEPS - 2
-    assert always.data["metrics"]["cfg_cached_steps"] == STEPS - 2
+    assert always.metrics["cached_steps"] == STEPS - 2
+    assert always.metrics["cfg_cached_steps"] == STEPS - 2
     assert (final_tensor(always) - uncached).abs().max() > 1e-3
 
 
@@ -106,7 +106,7 @@ def test_teacache_on_image_families(name):
     eng = make_engine(name, execution="step", cache={"backend": "teacache", "rel_l1_thresh": 1e9})
     eng.add_request(request("t", "a cat", **params, seed=2))
     out = drain(eng)["t"][-1]
-    assert out.data["metrics"]["cache"] == "teacache"  # the stage-wide policy applied
-    assert out.data["metrics"]["cached_steps"] == 2
+    assert out.metrics["cache"] == "teacache"  # the stage-wide policy applied
+    assert out.metrics["cached_steps"] == 2
     assert final_tensor(out).shape == expected.shape
     assert (final_tensor(out) - expected).abs().max() > 1e-4

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from omnistage import media
+from omnistage.outputs import Progress
 from tests.diffusion.helpers import BASE, drain, final_tensor, make_engine, reference, request
 
 pytestmark = pytest.mark.engine
@@ -21,10 +22,10 @@ def test_progress_is_reported_step_by_step(wan):
     wan.add_request(request("p", "a cat", **{**WAN, "num_inference_steps": 3}, seed=1))
     outputs = drain(wan)["p"]
     partial, final = outputs[:-1], outputs[-1]
-    assert [o.data["progress"] for o in partial] == [{"step": 1, "total": 3}, {"step": 2, "total": 3}]
+    assert [o.progress for o in partial] == [Progress(1, 3), Progress(2, 3)]
     assert not any(o.finished for o in partial)
     assert final.finished and final.finish_reason == "stop"
-    assert final.data["metrics"]["num_steps"] == 3 and final.data["metrics"]["computed_steps"] == 3
+    assert final.metrics["num_steps"] == 3 and final.metrics["computed_steps"] == 3
 
 
 def test_abort_between_steps_stops_the_request_and_frees_it(wan):
@@ -86,7 +87,7 @@ def test_default_output_is_uint8_video_with_fps(wan):
     out = drain(wan)["v"][-1]
     video = final_tensor(out)
     assert video.dtype.is_floating_point is False and video.shape == (1, 5, 32, 32, 3)
-    assert out.data["fps"] == 8 and out.data["seed"] == 5
+    assert out.fps == 8 and out.data["seed"] == 5
     expected = media.to_uint8(reference("tiny-wan21-t2v", "a cat", seed=5))
     assert (video.int() - expected.int()).abs().max() <= 1  # float rounding at .5 boundaries
 

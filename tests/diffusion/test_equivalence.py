@@ -98,6 +98,6 @@ def test_request_mode_batches_compatible_requests(family):
     submit(engine, name, {"r0", "r1", "r3"})
     first = engine.step()
     assert sorted(o.request_id for o in first) == ["r0", "r1"]
-    assert first[0].data["metrics"]["generate_s"] == first[1].data["metrics"]["generate_s"]
+    assert first[0].metrics["generate_s"] == first[1].metrics["generate_s"]
     rest = drain(engine)
     assert list(rest) == ["r3"]

@@ -49,4 +49,4 @@ def test_two_process_parallel_equals_single_process(single_process, engine_args)
     for rid, expected in single_process.items():
         assert (outputs[rid] - expected).abs().max() <= 1e-4, rid
     # Caching decides per request while parallel ranks share batches: refused, naming the field.
-    assert rejected.error_type == "InvalidRequestError" and rejected.data["param"] == "cache"
+    assert rejected.error_type == "InvalidRequestError" and rejected.error_param == "cache"

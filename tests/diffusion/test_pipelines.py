@@ -52,8 +52,8 @@ def test_stable_audio_runs_whole_calls_through_the_default_factory():
     ).audios  # fmt: skip
     for i, rid in enumerate(["a", "b"]):
         out = outs[rid][-1]
-        assert out.data["sample_rate"] == 16000 and out.data["modality"] == "audio"
+        assert out.sample_rate == 16000 and out.audio is not None
         stereo = out.tensors["audios"][0]
         assert stereo.shape == (2, 128)
         assert (stereo - torch.as_tensor(expected[i])).abs().max() <= 1e-4
-        assert torch.allclose(out.tensors["audio"], stereo.mean(0))
+        assert torch.allclose(out.audio, stereo.mean(0))

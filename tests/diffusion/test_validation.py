@@ -69,7 +69,7 @@ def test_invalid_request_names_the_field(name, params, field, rule):
     out = outputs[0]
     assert out.finished and out.finish_reason == "error"
     assert out.error_type == "InvalidRequestError"
-    assert out.data["param"] == field
+    assert out.error_param == field
     assert field in out.error and rule in out.error, out.error
     assert eng.stats()["num_requests"] == 0
 
@@ -79,8 +79,8 @@ def test_bad_prompt_and_dict_params():
     eng.add_request(StageRequest("p", prompt=123, params=DiffusionParams(**WAN)))
     eng.add_request(StageRequest("d", prompt="a cat", params={**WAN, "height": 33}))
     outs = drain(eng)
-    assert outs["p"][0].data["param"] == "prompt"
-    assert outs["d"][0].data["param"] == "height"
+    assert outs["p"][0].error_param == "prompt"
+    assert outs["d"][0].error_param == "height"
 
 
 def test_video_model_serves_single_frame_images():
@@ -88,9 +88,9 @@ def test_video_model_serves_single_frame_images():
     eng = engine("tiny-wan21-t2v")
     eng.add_request(request("img", "a cat", **{**BASE, "num_frames": 1, "output_format": "png"}, seed=3))
     out = drain(eng)["img"][-1]
-    assert out.error is None and out.data["modality"] == "images"
-    assert out.tensors["images"].shape == (1, 32, 32, 3)
-    assert str(out.tensors["images"].dtype) == "torch.uint8"
+    assert out.error is None and out.images is not None
+    assert out.images.shape == (1, 32, 32, 3)
+    assert str(out.images.dtype) == "torch.uint8"
 
 
 @pytest.mark.unit

@@ -30,7 +30,7 @@ def run_stage(stage_id, engine, prompt, params, results, deltas=None) -> StageRe
     outputs also appended to `deltas`, when given)."""
     spec = QWEN2_5_OMNI.stage(stage_id)
     upstream = {i: results[i] for i in spec.inputs}
-    ctx = StageInputContext("req", prompt, params, upstream, spec, engine)
+    ctx = StageInputContext("req", prompt, params, upstream, spec, engine.input_resources())
     engine.add_request(load_ref(spec.input_processor)(ctx))
     result = StageResult(stage_id=stage_id)
     while engine.has_work():
@@ -49,7 +49,8 @@ def stream_stage(stage_id, engine, prompt, params, chunks: list[StageOutput]) ->
     had produced before its last input arrived."""
     spec = QWEN2_5_OMNI.stage(stage_id)
     source = spec.inputs[0]
-    ctx = StageInputContext("req", prompt, params, {source: StageResult(stage_id=source)}, spec, engine)
+    resources = engine.input_resources()
+    ctx = StageInputContext("req", prompt, params, {source: StageResult(stage_id=source)}, spec, resources)
     result, early = StageResult(stage_id=stage_id), 0
     for i, chunk in enumerate(chunks):
         last = i == len(chunks) - 1
@@ -79,7 +80,7 @@ def test_stage_outputs_equal_reference(name, engines, references, omni_dir):
     ref, prompt, params = references[name], PROMPTS[name], greedy_params()
     results, thinker_deltas = {}, []
     results[0] = run_stage(0, engines[0], prompt, params[0], results, thinker_deltas)
-    assert results[0].data["prompt_token_ids"] == ref.prompt_ids
+    assert results[0].prompt_token_ids == ref.prompt_ids
     assert results[0].token_ids == ref.text_ids
     results[1] = run_stage(1, engines[1], prompt, params[1], results)
     assert results[1].token_ids == ref.talker_ids
@@ -92,13 +93,13 @@ def test_stage_outputs_equal_reference(name, engines, references, omni_dir):
     assert streamed.token_ids == ref.talker_ids
     assert 0 < early < len(ref.talker_ids)
 
-    full = run_stage(2, engines[2], prompt, params[2], results).tensor("audio")
+    full = run_stage(2, engines[2], prompt, params[2], results).audio
     assert full.shape == ref.waveform.shape
     assert float((full - ref.waveform).abs().max()) <= 1e-4
 
     passes = engines[3].passes
     chunked, _ = stream_stage(2, engines[3], prompt, params[2], code_chunks(results[1].token_ids))
-    chunked = chunked.tensor("audio")
+    chunked = chunked.audio
     assert engines[3].passes - passes >= 2  # decoded window by window while codes arrived
     assert_async_audio_close(chunked, ref.waveform, omni_dir)
 
@@ -109,6 +110,6 @@ def test_thinker_returns_every_hidden_row_despite_a_cached_prefix(engines):
     thinker = engines[0]
     for prompt in ("Hello there", "Hello again"):
         result = run_stage(0, thinker, prompt, greedy_params()[0], {})
-        rows = result.tensor("hidden_states").shape[0]
-        assert rows == len(result.data["prompt_token_ids"]) + len(result.token_ids) - 1
+        rows = result.hidden(-1).shape[0]
+        assert rows == len(result.prompt_token_ids) + len(result.token_ids) - 1
     assert thinker.stats()["prefix_cache_queries"] > 0

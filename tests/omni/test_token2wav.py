@@ -49,7 +49,7 @@ def stream(eng, codes, step: int, seed: int = 0) -> tuple[torch.Tensor, int]:
             "r", {"codes": torch.tensor(codes[start : start + step])}, last=start + step >= len(codes)
         )
         pieces += drain(eng)
-    audio = [o.tensors["audio"] for o in pieces if o.tensors["audio"].numel()]
+    audio = [o.audio for o in pieces if o.audio.numel()]
     assert pieces[-1].finished
     return torch.cat(audio), len(audio)
 
@@ -134,8 +134,8 @@ def test_full_handoff_engine_decodes_once_and_exactly(omni_dir, generator, codes
     eng.add_request(StageRequest("r", params=params, inputs={"codes": torch.tensor(codes)}))
     outs = drain(eng)
     assert len(outs) == 1 and outs[0].finished and eng.passes == 1
-    assert outs[0].data["sample_rate"] == 24000
-    assert float((outs[0].tensors["audio"] - generator.decode(codes, "Chelsie", 4)).abs().max()) <= 1e-6
+    assert outs[0].sample_rate == 24000
+    assert float((outs[0].audio - generator.decode(codes, "Chelsie", 4)).abs().max()) <= 1e-6
 
 
 def test_async_chunks_match_whole_decode_within_tolerance(omni_dir, generator, codes):

@@ -20,7 +20,7 @@ def drain(engine):
 
 
 def joined(outs, rid):
-    return torch.cat([o.tensors["audio"] for o in outs if o.request_id == rid])
+    return torch.cat([o.audio for o in outs if o.request_id == rid])
 
 
 def test_full_handoff_is_one_pass_per_batch():
@@ -69,7 +69,7 @@ def test_abort_and_empty_final_chunk():
     assert [o.request_id for o in outs] == ["b"] and not outs[0].finished
     engine.add_chunk("b", {}, last=True)  # input ends with nothing new: the request still ends
     outs = drain(engine)
-    assert outs[-1].finished and outs[-1].tensors["audio"].numel() == 0
+    assert outs[-1].finished and outs[-1].audio.numel() == 0
     assert engine.stats()["num_requests"] == 0
 
 
@@ -97,10 +97,10 @@ def test_a_request_behind_catches_up_in_longer_spans():
     engine = GenerationEngine(vocoder, chunk_size=3, max_chunk_size=7, left_context=1, right_context=1)
     engine.add_request(StageRequest("r", inputs={"codes": codes[:4]}, streaming_input=True))
     first = engine.step()
-    assert first[0].tensors["audio"].numel() == 3 * 2
+    assert first[0].audio.numel() == 3 * 2
     engine.add_chunk("r", {"codes": codes[4:10]}, last=False)
     behind = engine.step()
-    assert behind[0].tensors["audio"].numel() == 6 * 2  # 6 frames ready: two whole chunks in one span
+    assert behind[0].audio.numel() == 6 * 2  # 6 frames ready: two whole chunks in one span
     engine.add_chunk("r", {"codes": codes[10:]}, last=True)
     outs = first + behind + drain(engine)
     assert outs[-1].finished
@@ -116,9 +116,9 @@ def test_first_output_is_one_chunk_however_much_is_ready():
         engine.add_request(StageRequest(rid, inputs={"codes": codes}, streaming_input=not last))
     first = engine.step()
     assert sorted(o.request_id for o in first) == ["complete", "streaming"]
-    assert all(o.tensors["audio"].numel() == 3 * 2 for o in first)
+    assert all(o.audio.numel() == 3 * 2 for o in first)
     second = engine.step()  # then catch-up spans
-    assert all(o.tensors["audio"].numel() == 9 * 2 for o in second) and len(second) == 2
+    assert all(o.audio.numel() == 9 * 2 for o in second) and len(second) == 2
     engine.add_chunk("streaming", {}, last=True)
     outs = first + second + drain(engine)
     for rid in ("streaming", "complete"):
@@ -131,10 +131,10 @@ def test_a_smaller_first_chunk_then_whole_chunks():
     engine = GenerationEngine(vocoder, chunk_size=4, first_chunk_size=2, left_context=1, right_context=1)
     engine.add_request(StageRequest("r", inputs={"codes": codes[:3]}, streaming_input=True))
     outs = drain(engine)
-    assert [o.tensors["audio"].numel() for o in outs] == [2 * 2]  # 3 frames: first chunk + right context
+    assert [o.audio.numel() for o in outs] == [2 * 2]  # 3 frames: first chunk + right context
     engine.add_chunk("r", {"codes": codes[3:10]}, last=False)
     outs += drain(engine)
-    assert [o.tensors["audio"].numel() for o in outs] == [2 * 2, 4 * 2]  # then whole chunks of 4
+    assert [o.audio.numel() for o in outs] == [2 * 2, 4 * 2]  # then whole chunks of 4
     engine.add_chunk("r", {"codes": codes[10:]}, last=True)
     outs += drain(engine)
     assert outs[-1].finished
@@ -150,7 +150,7 @@ def test_first_chunks_go_first_and_alone():
     engine.add_request(StageRequest("new", inputs={"codes": torch.arange(2)}, streaming_input=True))
     assert [o.request_id for o in engine.step()] == ["new"]
     outs = engine.step()  # then the one behind catches up in one longer span
-    assert [o.request_id for o in outs] == ["old"] and outs[0].tensors["audio"].numel() == 6 * 2
+    assert [o.request_id for o in outs] == ["old"] and outs[0].audio.numel() == 6 * 2
 
 
 def test_a_first_chunk_with_less_look_ahead():
@@ -161,13 +161,13 @@ def test_a_first_chunk_with_less_look_ahead():
     engine = GenerationEngine(vocoder, chunk_size=2, left_context=1, right_context=3, first_right_context=1)
     engine.add_request(StageRequest("r", inputs={"codes": codes[:3]}, streaming_input=True))
     outs = drain(engine)
-    assert [o.tensors["audio"].numel() for o in outs] == [2 * 2]  # 2 frames + 1 ahead suffice
+    assert [o.audio.numel() for o in outs] == [2 * 2]  # 2 frames + 1 ahead suffice
     engine.add_chunk("r", {"codes": codes[3:6]}, last=False)
     outs += drain(engine)
     assert len(outs) == 1  # 4 more frames: a chunk of 2 still needs 3 ahead
     engine.add_chunk("r", {"codes": codes[6:7]}, last=False)
     outs += drain(engine)
-    assert [o.tensors["audio"].numel() for o in outs] == [2 * 2, 2 * 2]
+    assert [o.audio.numel() for o in outs] == [2 * 2, 2 * 2]
     engine.add_chunk("r", {"codes": codes[7:]}, last=True)
     outs += drain(engine)
     # The toy's conv sees one frame each side: one frame of look-ahead is already exact for it.

@@ -118,7 +118,11 @@ class Token2WavGenerator:
     NOISE_STREAMS = 64
 
     def __init__(
-        self, model: Any, speakers: dict[str, dict[str, Any]], settings: SolverSettings | None = None
+        self,
+        model: Any,
+        speakers: dict[str, dict[str, Any]],
+        settings: SolverSettings | None = None,
+        stop_codes: list[int] | None = None,
     ):
         self.dit = model.code2wav_dit_model.float().eval()
         self.vocoder = model.code2wav_bigvgan_model.float().eval()
@@ -132,7 +136,7 @@ class Token2WavGenerator:
             hop *= int(rate)
         self.hop = hop
         self.outputs_per_frame = self.repeats * hop
-        self.stop_codes: list[int] = []
+        self.stop_codes = list(stop_codes or [])  # talker tokens that end speech: never decoded
         for layer in self.dit.transformer_blocks:
             mlp = layer.ff.ff
             if isinstance(mlp[1], torch.nn.GELU) and mlp[1].approximate == "tanh":
@@ -322,8 +326,7 @@ def create_engine(ctx: EngineContext) -> GenerationEngine:
     args = ctx.engine_args
     model, speakers = load_token2wav(ctx.model_dir, ctx.device)
     solver = {k: args[k] for k in ("num_steps", "guidance_scale", "sway_coefficient") if k in args}
-    generator = Token2WavGenerator(model, speakers, SolverSettings(**solver))
-    generator.stop_codes = _stop_codes(ctx.model_dir)
+    generator = Token2WavGenerator(model, speakers, SolverSettings(**solver), _stop_codes(ctx.model_dir))
     if ctx.deploy.async_chunk is False:
         return GenerationEngine(generator, max_num_seqs=ctx.deploy.max_num_seqs)
     per_block = generator.codes_per_block

@@ -18,6 +18,7 @@ from fastapi.responses import FileResponse
 
 from omnistage.errors import InvalidRequestError, NotFoundError, OmniError, OverloadedError
 from omnistage.media import encode_video
+from omnistage.outputs import Progress
 from omnistage.serving.artifacts import DEFAULT_FPS, fps_of, videos_of
 from omnistage.serving.context import ServerContext, get_context
 from omnistage.serving.errors import ConflictError, SchemaError
@@ -133,9 +134,8 @@ async def _run_job(ctx: ServerContext, model: ServedModel, job: VideoJob, prompt
         ctx.video_tasks.pop(job.id, None)
 
 
-def _report_progress(ctx: ServerContext, job: VideoJob, progress: dict[str, Any]) -> None:
-    total = max(int(progress.get("total") or 1), 1)
-    percent = min(99, int(100 * int(progress.get("step", 0)) / total))
+def _report_progress(ctx: ServerContext, job: VideoJob, progress: Progress) -> None:
+    percent = min(99, int(100 * progress.step / max(progress.total, 1)))
     if job.status == "queued" or percent != job.progress:
         job.status, job.progress = "in_progress", max(job.progress, percent)
         ctx.videos.save(job)

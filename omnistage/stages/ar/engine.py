@@ -25,7 +25,7 @@ import torch
 
 from omnistage.config.pipeline import load_ref
 from omnistage.errors import InvalidRequestError, OmniError
-from omnistage.outputs import StageOutput
+from omnistage.outputs import Choice, StageOutput, error_output
 from omnistage.stages.ar.detokenizer import IncrementalDetokenizer, decoder_for
 from omnistage.stages.ar.inputs import InputRules, make_request, merge_chunk
 from omnistage.stages.ar.kv_cache import BlockManager, KVStorage, bytes_per_token, plan_num_blocks
@@ -131,7 +131,7 @@ class AREngine:
             ar = make_request(request, self.rules)
             self._check_fits(ar)
         except OmniError as exc:
-            self._pending.append(_error_output(rid, exc))
+            self._pending.append(error_output(rid, exc))
             return
         if request.streaming_input:
             ar.inputs["input_finished"] = False
@@ -306,8 +306,8 @@ class AREngine:
             outputs[-1].finish_reason = ar.sequences[-1].finish_reason if ar.params.n == 1 else _overall(ar)
         if outputs and not ar.first_output_sent:
             ar.first_output_sent = True
-            outputs[0].data["prompt_token_ids"] = list(ar.prompt_token_ids)
-            outputs[0].data["num_cached_tokens"] = ar.sequences[0].num_cached_tokens
+            outputs[0].prompt_token_ids = list(ar.prompt_token_ids)
+            outputs[0].num_cached_tokens = ar.sequences[0].num_cached_tokens
             # Request facts the input processor computed for downstream stages (e.g. multimodal positions)
             outputs[0].data.update(ar.inputs.get("output_data") or {})
         return outputs
@@ -323,34 +323,30 @@ class AREngine:
         seq.num_text_sent += len(text)
         out = StageOutput(request_id=seq.request.request_id, token_ids=token_ids, text=text)
         if seq.pending_logprobs:
-            out.data["logprobs"], seq.pending_logprobs = seq.pending_logprobs, []
+            out.logprobs, seq.pending_logprobs = seq.pending_logprobs, []
         if p.return_hidden_states and row is not None:
             item, offset = row
             first = max(item.start, seq.num_hidden_rows_sent)
             last = item.start + item.num_tokens
             if last > first:
-                out.tensors["hidden_states"] = hidden[
+                out.hidden_states[-1] = hidden[
                     offset + first - item.start : offset + last - item.start
                 ].clone()
                 seq.num_hidden_rows_sent = last
         just_finished = seq.finished and not seq.finish_sent
-        if not (token_ids or text or out.tensors or just_finished):
+        if not (token_ids or text or out.hidden_states or just_finished):
             return None
         if p.n > 1:
-            out.data["index"] = seq.index
-            if just_finished:
-                out.data["seq_finished"] = True
-                out.data["seq_finish_reason"] = seq.finish_reason
+            out.choice = Choice(seq.index, just_finished, seq.finish_reason if just_finished else None)
         if just_finished:
             seq.finish_sent = True
-            if seq.stop_reason is not None:
-                out.data["stop_reason"] = seq.stop_reason
+            out.stop_reason = seq.stop_reason
         return out
 
     def _fail(self, ar: ARRequest, exc: BaseException) -> list[StageOutput]:
         logger.warning("request %s failed: %s", ar.request_id, exc)
         self.abort(ar.request_id)
-        return [_error_output(ar.request_id, exc)]
+        return [error_output(ar.request_id, exc)]
 
     # ---- sleep -----------------------------------------------------------------------------------------
     def sleep(self, level: int = 1) -> None:
@@ -370,6 +366,10 @@ class AREngine:
             self.runner.restore(self._new_kv())
         self._sleep_level = None
         self._stalled = False
+
+    def input_resources(self) -> LoadedModel:
+        """The loaded model (tokenizer, config, and whatever the family's loader added) for processors."""
+        return self.model
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -410,16 +410,3 @@ def _generator(seed: int | None, index: int) -> torch.Generator | None:
 def _overall(ar: ARRequest) -> str:
     reasons = {s.finish_reason for s in ar.sequences}
     return "length" if reasons == {"length"} else "stop"
-
-
-def _error_output(request_id: str, exc: BaseException) -> StageOutput:
-    data = {"param": exc.param} if isinstance(exc, OmniError) and exc.param else {}
-    message = exc.message if isinstance(exc, OmniError) else f"{type(exc).__name__}: {exc}"
-    return StageOutput(
-        request_id=request_id,
-        finished=True,
-        finish_reason="error",
-        error=message,
-        error_type=type(exc).__name__,
-        data=data,
-    )

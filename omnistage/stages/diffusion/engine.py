@@ -27,7 +27,7 @@ import torch
 from omnistage import media
 from omnistage.config.deploy import StageDeploy
 from omnistage.errors import ConfigError, InvalidRequestError
-from omnistage.outputs import StageOutput
+from omnistage.outputs import Progress, StageOutput, error_output
 from omnistage.params import DiffusionParams, layer_params
 from omnistage.stages.base import EngineContext, StageRequest
 from omnistage.stages.diffusion.request import DiffusionRequest
@@ -125,7 +125,7 @@ class DiffusionEngine:
         try:
             req = self._parse(request)
         except Exception as exc:  # bad input ends the request, never the engine
-            self._pending.append(_error_output(rid, exc))
+            self._pending.append(error_output(rid, exc))
             return
         self.requests[rid] = req
         self.scheduler.add(req)
@@ -250,8 +250,8 @@ class DiffusionEngine:
             if req.state.done:
                 outputs.append(self._decode(req))
             else:
-                progress = {"step": req.state.step_index, "total": req.state.total_steps}
-                outputs.append(StageOutput(req.request_id, data={"progress": progress}))
+                progress = Progress(req.state.step_index, req.state.total_steps)
+                outputs.append(StageOutput(req.request_id, progress=progress))
         return outputs
 
     def _decode(self, req: DiffusionRequest) -> StageOutput:
@@ -272,7 +272,7 @@ class DiffusionEngine:
 
     def _fail(self, req: DiffusionRequest, exc: Exception) -> StageOutput:
         self._forget(req)
-        return _error_output(req.request_id, exc)
+        return error_output(req.request_id, exc)
 
     def _final(self, req: DiffusionRequest, result: torch.Tensor) -> StageOutput:
         """The request's one terminal output: media tensors per the output conventions, plus metrics."""
@@ -280,25 +280,24 @@ class DiffusionEngine:
         p = req.params
         as_float = p.output_format == "tensor"
         convert = (lambda x: x.float().contiguous()) if as_float else media.to_uint8
-        data: dict[str, Any] = {
-            "seed": p.seed,
-            "output_format": p.output_format,
-            "metrics": self._metrics(req),
-        }
-        tensors: dict[str, Any] = {}
+        out = StageOutput(
+            req.request_id,
+            metrics=self._metrics(req),
+            data={"seed": p.seed, "output_format": p.output_format},
+            finished=True,
+            finish_reason="stop",
+        )
         if self.adapter.modality == "audio":
             audio = result.float()
-            tensors["audio"] = (audio[0].mean(0) if audio.dim() == 3 else audio[0]).contiguous()
+            out.audio = (audio[0].mean(0) if audio.dim() == 3 else audio[0]).contiguous()
             if audio.shape[0] > 1 or audio.dim() == 3:
-                tensors["audios"] = audio.contiguous()
-            data["sample_rate"] = self.adapter.sample_rate()
+                out.tensors["audios"] = audio.contiguous()  # every output, every channel
+            out.sample_rate = self.adapter.sample_rate()
         elif result.dim() == 5 and (p.num_frames != 1 or p.output_format == "mp4"):
-            tensors["video"] = convert(result)
-            data["fps"] = p.fps
+            out.video, out.fps = convert(result), p.fps
         else:
-            tensors["images"] = convert(result[:, 0] if result.dim() == 5 else result)
-        data["modality"] = next(iter(tensors)) if "audio" not in tensors else "audio"
-        return StageOutput(req.request_id, tensors=tensors, data=data, finished=True, finish_reason="stop")
+            out.images = convert(result[:, 0] if result.dim() == 5 else result)
+        return out
 
     def _metrics(self, req: DiffusionRequest) -> dict[str, Any]:
         n = req.num_steps
@@ -319,14 +318,6 @@ def _as_list(value: Any) -> list[Any]:
     if value is None:
         return []
     return list(value) if isinstance(value, list | tuple) else [value]
-
-
-def _error_output(request_id: str, exc: Exception) -> StageOutput:
-    data = {"param": exc.param} if isinstance(exc, InvalidRequestError) else {}
-    error_type = "InvalidRequestError" if isinstance(exc, InvalidRequestError) else type(exc).__name__
-    return StageOutput(
-        request_id, data=data, finished=True, finish_reason="error", error=str(exc), error_type=error_type
-    )
 
 
 def create_engine(ctx: EngineContext) -> DiffusionEngine:

@@ -243,14 +243,14 @@ class GenerationEngine:
         done = state.complete and state.emitted >= state.available
         if done:
             del self.requests[rid]
-        data = {"sample_rate": self.generator.sample_rate} if self.generator.sample_rate else {}
-        return StageOutput(
-            rid,
-            tensors={self.output_key: piece},
-            data=data,
-            finished=done,
-            finish_reason="stop" if done else None,
-        )
+        out = StageOutput(rid, finished=done, finish_reason="stop" if done else None)
+        if self.output_key == "audio":
+            out.audio, out.sample_rate = piece, self.generator.sample_rate
+        elif self.output_key == "codes":
+            out.codes = piece
+        else:
+            out.tensors[self.output_key] = piece
+        return out
 
     def _ready_span(self, state: _Request) -> tuple[int, int] | None:
         """The frames [start, end) this request can decode now (empty: finish it), or None."""
@@ -287,6 +287,10 @@ class GenerationEngine:
 
     def wake_up(self) -> None:
         self.paused = False
+
+    def input_resources(self) -> Generator:
+        """The generator (its code tables, sample rate) for the stage's processors."""
+        return self.generator
 
     def stats(self) -> dict[str, Any]:
         return {"num_requests": len(self.requests), "passes": self.passes}
