@@ -22,7 +22,7 @@ import torch
 
 from omnistage.config.deploy import StageDeploy
 from omnistage.config.pipeline import StageSpec, load_ref
-from omnistage.outputs import StageOutput, StageResult
+from omnistage.outputs import StageOutput, StageResult, error_output
 from omnistage.runtime.messages import (
     Abort,
     Call,
@@ -56,6 +56,7 @@ def default_input_processor(ctx: StageInputContext) -> StageRequest:
         result = ctx.upstream[sid]
         token_ids.extend(result.token_ids)
         inputs.update({key: result.tensor(key) for key in result.chunks})
+        inputs.update({k: v for k, v in (("codes", result.codes), ("audio", result.audio)) if v is not None})
     return StageRequest(ctx.request_id, prompt=token_ids, params=ctx.params, inputs=inputs)
 
 
@@ -95,6 +96,8 @@ class StageWorker:
         self.active: set[str] = set()
         self.chunk_contexts: dict[str, StageInputContext] = {}
         self.held: dict[str, StageResult] = {}
+        lend = getattr(engine, "input_resources", None)
+        self.resources = lend() if lend is not None else None
         self.requests_started = 0
         self.stopped = False
         self.seat = seat
@@ -141,7 +144,7 @@ class StageWorker:
 
     def _start(self, msg: StartRequest) -> None:
         ctx = StageInputContext(
-            msg.request_id, msg.prompt, msg.params, dict(msg.upstream), self.stage, self.engine
+            msg.request_id, msg.prompt, msg.params, dict(msg.upstream), self.stage, self.resources
         )
         self._add(self.input_processor(ctx))
 
@@ -151,7 +154,7 @@ class StageWorker:
         if msg.first:
             upstream = {source: StageResult(stage_id=source)}
             self.chunk_contexts[rid] = StageInputContext(
-                rid, msg.prompt, msg.params, upstream, self.stage, self.engine
+                rid, msg.prompt, msg.params, upstream, self.stage, self.resources
             )
         ctx = self.chunk_contexts.get(rid)
         if ctx is None:  # aborted meanwhile
@@ -238,13 +241,11 @@ class StageWorker:
             self.board.close()
 
     def _hold_tensors(self, out: StageOutput) -> None:
-        if out.tensors:
+        if out.has_bulk():
             held = self.held.setdefault(out.request_id, StageResult(stage_id=self.stage.stage_id))
-            held.add(StageOutput(out.request_id, tensors=out.tensors))
-            out.tensors = {}
+            held.add(out.take_bulk())
         if out.finished and out.request_id in self.held:
-            held = self.held.pop(out.request_id)
-            out.tensors = {key: held.tensor(key) for key in held.chunks}
+            self.held.pop(out.request_id).joined_bulk(out)
 
     def _forget(self, rid: str) -> None:
         self.active.discard(rid)
@@ -264,15 +265,7 @@ class StageWorker:
             self._forget(rid)
             with contextlib.suppress(Exception):
                 self.engine.abort(rid)
-            outs.append(
-                StageOutput(
-                    rid,
-                    finished=True,
-                    finish_reason="error",
-                    error=str(exc) or repr(exc),
-                    error_type=type(exc).__name__,
-                )
-            )
+            outs.append(error_output(rid, exc))
         if outs:
             self.emit(outs)
 
