@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import httpx
@@ -17,7 +16,8 @@ from omnistage import AsyncOmni, Omni, SamplingParams
 from omnistage.connectors.shm import live_segments
 from omnistage.errors import InvalidRequestError, OverloadedError, StageDeadError, StageError
 from omnistage.serving.app import create_app
-from tests.runtime.toy_stages import ToyVocoder, fan_in_pipeline, speech_pipeline
+from tests.polling import wait_until, wait_until_async
+from tests.runtime.toy_stages import ToyVocoder, fan_in_pipeline, open_gate, speech_pipeline
 
 pytestmark = pytest.mark.e2e
 
@@ -26,24 +26,28 @@ async def collect(omni, prompt, params=None, **kw):
     return [out async for out in omni.generate(prompt, params, **kw)]
 
 
-async def wait_idle(omni, timeout=5.0):
-    """Stage stats after every stage has dropped its requests (or the last stats seen)."""
-    deadline = time.monotonic() + timeout
-    while True:
+async def wait_idle(omni, timeout=60.0):
+    """Stage stats once every stage has dropped its requests."""
+
+    async def idle_stats():
         stats = await omni.stats()
-        if (
-            all(
-                s["result"]["num_requests"] == 0 and s["result"]["worker_requests"] == 0
-                for s in stats["stages"]
-            )
-            or time.monotonic() > deadline
-        ):
-            return stats
-        await asyncio.sleep(0.05)
+        idle = all(
+            s["result"]["num_requests"] == 0 and s["result"]["worker_requests"] == 0 for s in stats["stages"]
+        )
+        return stats if idle else None
+
+    return await wait_until_async(idle_stats, timeout, "every stage idle")
 
 
-async def test_async_chunk_streams_audio_before_stage0_finishes(speech_omni):
-    outs = await collect(speech_omni, "hello", SamplingParams(max_tokens=12))
+async def test_async_chunk_streams_audio_before_stage0_finishes(speech_omni, gates):
+    # The thinker holds its last token at a gate: audio can only reach us before the thinker finishes if
+    # it streams; the gate opens once the first audio chunk is here.
+    outs = []
+    async for out in speech_omni.generate("hello HOLD:order", SamplingParams(max_tokens=12)):
+        outs.append(out)
+        if out.delta_audio is not None and len([o for o in outs if o.delta_audio is not None]) == 1:
+            assert not out.finished and not any(o.stage_id == 0 and o.finished for o in outs)
+            open_gate(gates, "order")
     final = outs[-1]
     assert final.finished and final.error is None and sum(o.finished for o in outs) == 1
     audio_updates = [o for o in outs if o.delta_audio is not None]
@@ -71,7 +75,8 @@ async def test_text_only_request_never_enters_speech_stages(speech_omni):
 
 
 async def test_abort_mid_flight_leaves_nothing_behind(speech_omni):
-    gen = speech_omni.generate("abort me", SamplingParams(max_tokens=200), request_id="to-abort")
+    # held at a gate nobody opens: the request is still running whenever the abort arrives
+    gen = speech_omni.generate("abort me HOLD:never", SamplingParams(max_tokens=20), request_id="to-abort")
     async for out in gen:
         if out.delta_audio is not None:
             break
@@ -99,7 +104,7 @@ async def test_stage_exception_fails_only_its_request(speech_omni):
 async def test_disconnecting_caller_aborts_everywhere(speech_omni):
     async def consume_two():
         n = 0
-        async for _ in speech_omni.generate("leave early", SamplingParams(max_tokens=300)):
+        async for _ in speech_omni.generate("leave early HOLD:never", SamplingParams(max_tokens=20)):
             n += 1
             if n == 2:
                 return
@@ -131,7 +136,7 @@ async def test_params_and_admission_validation(speech_omni):
     limit = speech_omni.max_queued_requests
     speech_omni.max_queued_requests = 1
     try:
-        first = speech_omni.generate("slow", SamplingParams(max_tokens=50), request_id="only")
+        first = speech_omni.generate("held HOLD:never", SamplingParams(max_tokens=5), request_id="only")
         await first.__anext__()
         with pytest.raises(OverloadedError):
             await collect(speech_omni, "second")
@@ -151,13 +156,13 @@ async def test_fan_in_stage_runs_once_after_both_inputs():
 
 
 async def test_killed_stage_fails_its_requests_and_health_turns_503():
-    omni = AsyncOmni(speech_pipeline(), stage_overrides={"0": {"engine_args": {"step_delay": 0.03}}})
+    omni = AsyncOmni(speech_pipeline())  # no gate_dir: a held request is held until it ends otherwise
     try:
         client = httpx.AsyncClient(
             transport=httpx.ASGITransport(app=create_app({"toy": omni})), base_url="http://test"
         )
         assert (await client.get("/health")).status_code == 200
-        gens = [omni.generate(f"p{i}", SamplingParams(max_tokens=400)) for i in range(3)]
+        gens = [omni.generate(f"p{i} HOLD:never", SamplingParams(max_tokens=8)) for i in range(3)]
         for gen in gens:
             await gen.__anext__()
         vocoder_pid = omni.health()["stages"][2]["replicas"][0]["pid"]
@@ -167,7 +172,7 @@ async def test_killed_stage_fails_its_requests_and_health_turns_503():
             outs = [out async for out in gen]
             return outs[-1]
 
-        finals = await asyncio.wait_for(asyncio.gather(*(last(g) for g in gens)), timeout=2.0)
+        finals = await asyncio.wait_for(asyncio.gather(*(last(g) for g in gens)), timeout=60)
         for final in finals:
             assert isinstance(final.error, StageDeadError) and "stage 2 (vocoder)" in str(final.error)
         response = await client.get("/health")
@@ -189,14 +194,14 @@ def test_killing_the_parent_leaves_no_stage_process(tmp_path: Path):
     script = tmp_path / "parent.py"
     script.write_text(
         textwrap.dedent(f"""
-        import sys, time
+        import signal, sys
         sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
         from omnistage import AsyncOmni
         from tests.runtime.toy_stages import speech_pipeline
         omni = AsyncOmni(speech_pipeline())
         pids = [r["pid"] for s in omni.health()["stages"] for r in s["replicas"]]
         print(" ".join(map(str, pids)), flush=True)
-        time.sleep(600)
+        signal.pause()  # until killed
     """)
     )
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
@@ -205,10 +210,7 @@ def test_killing_the_parent_leaves_no_stage_process(tmp_path: Path):
         assert len(pids) == 3 and all(Path(f"/proc/{p}").exists() for p in pids)
         parent.send_signal(signal.SIGKILL)
         parent.wait()
-        deadline = time.monotonic() + 10
-        while any(_running(p) for p in pids) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not any(_running(p) for p in pids)
+        wait_until(lambda: not any(_running(p) for p in pids), what="every stage process gone")
     finally:
         parent.kill()
 

@@ -4,8 +4,8 @@ chunk, and stages that take idle cores (runtime/stage_board.py)."""
 import os
 import subprocess
 import sys
-import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -46,7 +46,7 @@ board.close()
 """
 
 
-def test_a_seat_published_in_another_process_counts_until_cleared_or_lapsed(board):
+def test_a_seat_published_in_another_process_counts_until_cleared_or_lapsed(board, monkeypatch):
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD_SEAT, board.name],
         stdin=subprocess.PIPE,
@@ -67,7 +67,9 @@ def test_a_seat_published_in_another_process_counts_until_cleared_or_lapsed(boar
         child.stdin.close()
         assert child.wait(timeout=30) == 0
     board.publish(1, True)  # then never renewed, like a replica that died mid-pass
-    time.sleep(HOLD_S + 0.05)
+    assert board.others_pending(0)
+    later = time.monotonic() + HOLD_S + 0.01  # the board's clock, moved past the deadline
+    monkeypatch.setattr(stage_board, "time", SimpleNamespace(monotonic=lambda: later))
     assert not board.others_pending(0)
 
 
@@ -75,7 +77,7 @@ def start(worker, rid, codes):
     worker.handle(StartRequest(rid, prompt=codes, params=GenerationParams()))
 
 
-def test_a_yielding_worker_steps_only_after_the_first_output_is_out(board):
+def test_a_yielding_worker_steps_only_after_the_first_output_is_out(board, monkeypatch):
     emitted = []
     worker = StageWorker(
         VOCODER,
@@ -86,10 +88,17 @@ def test_a_yielding_worker_steps_only_after_the_first_output_is_out(board):
     )
     start(worker, "r", [1, 2, 3])
     board.publish(1, True)
-    clear = threading.Timer(0.1, board.publish, (1, False))
-    clear.start()
+    polls = []
+
+    def poll_then_clear(seconds):  # the waiting worker's pause: seat 1's first output is out meanwhile
+        assert not emitted  # it has not stepped yet
+        polls.append(seconds)
+        board.publish(1, False)
+
+    monkeypatch.setattr(stage_board, "time", SimpleNamespace(monotonic=time.monotonic, sleep=poll_then_clear))
     worker.step()
-    clear.join()
+    monkeypatch.undo()
+    assert polls == [stage_board.POLL_S]  # it waited, once, and stepped as soon as the seat was clear
     assert [o.request_id for o in emitted] == ["r"] and emitted[0].finished
     assert worker.yielded["steps"] == 1
     assert worker.call("stats", [])["first_output_yields"]["steps"] == 1

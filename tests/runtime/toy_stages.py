@@ -2,12 +2,18 @@
 
 A token stage (embedding + linear LM, greedy), a mapping stage that turns each incoming token into a code
 as chunks arrive (a talker's shape), and a vocoder (embedding + transposed conv) for the generation engine.
+
+A request that must stay in flight while a test acts on it (aborts it, kills a stage under it, fills the
+admission queue) names a gate in its prompt, `HOLD:<name>`: it stops before its last output until the file
+`<name>` exists in the engine's `gate_dir`. A file is a condition the test controls from any process, so no
+engine has to be slowed down by a clock for a request to still be running when the test looks.
 """
 
 from __future__ import annotations
 
 import os
-import time
+import re
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,6 +24,7 @@ from omnistage.outputs import StageOutput
 from omnistage.stages.base import EngineContext, StageInputContext, StageRequest
 
 VOCAB = 64
+GATE = re.compile(r"HOLD:(\w+)")
 
 
 def _seeded(module: nn.Module, seed: int) -> nn.Module:
@@ -39,6 +46,17 @@ class TinyLM(nn.Module):
         return self.head(h), h
 
 
+def gate_of(prompt: Any) -> str | None:
+    """The gate a prompt names (`HOLD:<name>`), if any."""
+    match = GATE.search(prompt) if isinstance(prompt, str) else None
+    return match.group(1) if match else None
+
+
+def open_gate(gate_dir: Path, name: str) -> None:
+    """Let the requests held at gate `name` finish."""
+    (Path(gate_dir) / name).touch()
+
+
 def prompt_tokens(prompt: Any) -> list[int]:
     if isinstance(prompt, str):
         return [b % VOCAB for b in prompt.encode()]
@@ -46,11 +64,12 @@ def prompt_tokens(prompt: Any) -> list[int]:
 
 
 class ToyEngineBase:
-    """Shared bookkeeping; engine_args: step_delay (s), fail_marker (a prompt containing it raises)."""
+    """Shared bookkeeping; engine_args: gate_dir (see the module's docstring), fail_marker (a prompt
+    containing it raises)."""
 
     def __init__(self, ctx: EngineContext, seed: int):
         self.model = _seeded(TinyLM(), seed)
-        self.delay = float(ctx.engine_args.get("step_delay", 0.0))
+        self.gate_dir = ctx.engine_args.get("gate_dir")
         self.fail_marker = ctx.engine_args.get("fail_marker")
         self.requests: dict[str, dict[str, Any]] = {}
         self.started = 0
@@ -65,8 +84,15 @@ class ToyEngineBase:
     def wake_up(self) -> None:
         self.paused = False
 
+    def closed(self, gate: str | None) -> bool:
+        """Whether a request at gate `gate` must still wait (a gate without a gate_dir never opens)."""
+        return gate is not None and not (self.gate_dir and Path(self.gate_dir, gate).exists())
+
     def stats(self) -> dict[str, Any]:
         return {"num_requests": len(self.requests), "started": self.started, "pid": os.getpid()}
+
+    def shutdown(self) -> None:
+        self.requests.clear()
 
 
 class ToyAREngine(ToyEngineBase):
@@ -80,25 +106,34 @@ class ToyAREngine(ToyEngineBase):
             raise RuntimeError(f"refusing prompt with {self.fail_marker!r}")
         tokens = prompt_tokens(request.prompt) or [0]
         max_tokens = getattr(request.params, "max_tokens", None) or 8
-        self.requests[request.request_id] = {"last": tokens[-1], "left": max_tokens, "prompt": tokens}
+        gate = gate_of(request.prompt)
+        self.requests[request.request_id] = {
+            "last": tokens[-1],
+            "left": max_tokens,
+            "prompt": tokens,
+            "gate": gate,
+        }
         self.started += 1
 
     def add_chunk(self, request_id: str, inputs: dict[str, Any], last: bool) -> None:
         raise NotImplementedError
 
+    def _waiting(self, req: dict[str, Any]) -> bool:
+        return req["left"] == 1 and self.closed(req["gate"])
+
     def has_work(self) -> bool:
-        return bool(self.requests) and not self.paused
+        return not self.paused and any(not self._waiting(r) for r in self.requests.values())
 
     def step(self) -> list[StageOutput]:
-        if self.delay:
-            time.sleep(self.delay)
         outs = []
         for rid, req in list(self.requests.items()):
+            if self._waiting(req):
+                continue
             with torch.no_grad():
                 logits, hidden = self.model(torch.tensor([req["last"]]))
             token = int(logits.argmax(-1))
             req["last"], req["left"] = token, req["left"] - 1
-            data = {"prompt_token_ids": req["prompt"]} if "sent" not in req else {}
+            prompt_ids = req["prompt"] if "sent" not in req else None
             req["sent"] = True
             done = req["left"] == 0
             outs.append(
@@ -107,7 +142,7 @@ class ToyAREngine(ToyEngineBase):
                     token_ids=[token],
                     text=f"<{token}>",
                     tensors={"hidden": hidden},
-                    data=data,
+                    prompt_token_ids=prompt_ids,
                     finished=done,
                     finish_reason="length" if done else None,
                 )
@@ -140,8 +175,6 @@ class ToyMapEngine(ToyEngineBase):
         return not self.paused and any(r["pending"] or r["complete"] for r in self.requests.values())
 
     def step(self) -> list[StageOutput]:
-        if self.delay:
-            time.sleep(self.delay)
         outs = []
         for rid, req in list(self.requests.items()):
             codes = []
