@@ -1,4 +1,4 @@
-"""How the orchestrator's messages reach a stage process: held messages arrive together."""
+"""How the orchestrator's messages reach a stage: held messages arrive together; the one worker loop."""
 
 import subprocess
 import sys
@@ -7,9 +7,23 @@ import pytest
 import zmq
 
 from omnistage.config.deploy import StageDeploy
-from omnistage.runtime.messages import Abort, Codec, ToWorker
-from omnistage.runtime.stage_client import ProcessStageClient
-from tests.runtime.toy_stages import speech_pipeline
+from omnistage.config.pipeline import StageKind, StageSpec
+from omnistage.params import GenerationParams
+from omnistage.runtime.messages import (
+    Abort,
+    Call,
+    CallResult,
+    Codec,
+    Ready,
+    Shutdown,
+    StartRequest,
+    StartupFailed,
+    ToWorker,
+)
+from omnistage.runtime.stage_client import ProcessStageClient, QueueInbox
+from omnistage.stages.generation.engine import GenerationEngine
+from omnistage.stages.worker import serve_stage
+from tests.runtime.toy_stages import ToyVocoder, speech_pipeline
 
 pytestmark = pytest.mark.unit
 
@@ -57,3 +71,29 @@ def test_held_messages_reach_the_worker_in_one_delivery(tmp_path):
         inbox.close(linger=0)
         client.socket.close(linger=0)
         ctx.term()
+
+
+def test_the_worker_loop_answers_calls_and_shuts_its_engine_down_on_shutdown():
+    """The loop both placements run (here over the inline queue): a call is answered in order with the
+    messages before it, Shutdown ends the loop, and the engine releases the request it still held."""
+    engine = GenerationEngine(ToyVocoder(outputs_per_frame=2))
+    stage = StageSpec(0, "voc", StageKind.GENERATION, final_output=True, output_modality="audio")
+    inbox, sent = QueueInbox(), []
+    inbox.put(StartRequest("r", prompt=[1, 2, 3], params=GenerationParams()))
+    inbox.put(Call(7, "stats", []))
+    inbox.put(Shutdown())
+    assert serve_stage(stage, 0, lambda: (engine, "cpu"), inbox, sent.append)
+    ready, answer = sent
+    assert isinstance(ready, Ready) and ready.stage_id == 0
+    assert isinstance(answer, CallResult) and answer.call_id == 7 and answer.result["num_requests"] == 1
+    assert engine.requests == {} and not engine.has_work()  # shut down before it ever stepped
+
+
+def test_a_stage_whose_engine_cannot_be_built_says_so_and_never_starts():
+    def build():
+        raise ValueError("no such checkpoint")
+
+    sent = []
+    assert not serve_stage(speech_pipeline().stage(0), 1, build, QueueInbox(), sent.append)
+    (failed,) = sent
+    assert isinstance(failed, StartupFailed) and failed.replica == 1 and "no such checkpoint" in failed.error
