@@ -136,3 +136,43 @@ stages:
     with pytest.raises(ConfigError, match="connector 'nope' is not defined"):
         resolve_deploy(pipe, missing)
     assert not resolve_deploy(fan_in_pipeline()).edge_async(fan_in_pipeline(), 2)
+
+
+def test_deploy_limits_lower_or_raise_the_pipeline_limits(tmp_path):
+    from omnistage.config.capabilities import Capabilities, Limits
+
+    caps = Capabilities(
+        routes=("images",), prompt="text", fields={"diffusion": (0,)}, limits=Limits(max_steps=50)
+    )
+    spec = PipelineSpec(
+        "limited",
+        (StageSpec(0, "dit", StageKind.DIFFUSION, final_output=True, output_modality="image"),),
+        capabilities=caps,
+    )
+    assert resolve_deploy(spec).limits == Limits(max_steps=50)
+    base = tmp_path / "base.yaml"
+    base.write_text("limits:\n  max_steps: 10\n  max_pixels: 4096\n")
+    over = tmp_path / "over.yaml"
+    over.write_text("base_config: base.yaml\nlimits:\n  max_steps: 200\n")
+    assert resolve_deploy(spec, over).limits == Limits(max_steps=200, max_pixels=4096)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("limits:\n  max_pixel: 10\n")
+    with pytest.raises(ConfigError, match="unknown key 'max_pixel' in limits of .*bad.yaml"):
+        resolve_deploy(spec, bad)
+    with pytest.raises(ConfigError, match="limits.max_steps must be > 0"):
+        resolve_deploy(spec, {"limits": {"max_steps": 0}})
+    with pytest.raises(ConfigError, match="capabilities.fields\\['diffusion'\\] names stage 3"):
+        PipelineSpec(
+            "x", spec.stages, capabilities=Capabilities(routes=("images",), fields={"diffusion": (3,)})
+        )
+
+
+def test_capabilities_are_derived_when_a_pipeline_declares_none():
+    caps = speech_pipeline().capabilities
+    assert caps.prompt == "chat" and caps.serves("chat") and caps.serves("speech")
+    assert caps.stages_for("sampling") == (0,)
+    image = PipelineSpec(
+        "img", (StageSpec(0, "dit", StageKind.DIFFUSION, final_output=True, output_modality="image"),)
+    )
+    assert image.capabilities.prompt == "text" and image.capabilities.routes == ("chat", "images")
+    assert image.capabilities.stages_for("diffusion") == (0,)

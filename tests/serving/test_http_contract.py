@@ -80,32 +80,52 @@ def test_body_over_the_limit_is_413_declared_or_chunked(client):
         ("/v1/images/generations", {"prompt": "x", "n": 11}, "n"),
         ("/v1/videos", {"prompt": "x", "seconds": "0"}, "seconds"),
         ("/v1/videos", {"prompt": "x", "num_inference_steps": 0}, "num_inference_steps"),
+        ("/v1/chat/completions", {**CHAT, "max_completion_tokens": 0}, "max_completion_tokens"),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "stream_options": {"include_usage": "x"}},
+            "stream_options.include_usage",
+        ),
+        ("/v1/completions", {"max_tokens": 4}, "prompt"),
+        ("/v1/audio/speech", {"input": "x", "sample_rate": 100}, "sample_rate"),
+        ("/v1/images/generations", {"prompt": "x", "output_compression": 101}, "output_compression"),
+        ("/v1/videos", {"prompt": "x", "fps": 0}, "fps"),
     ],
 )
-def test_schema_errors_are_422_naming_the_field(client, path, body, param):
-    error = assert_error(client.post(path, json=body, headers=KEY), 422, param=param)
+def test_schema_errors_are_400_naming_the_field(client, path, body, param):
+    error = assert_error(client.post(path, json=body, headers=KEY), 400, param=param)
     assert error["message"].startswith(param)
 
 
 def test_multipart_schema_errors_name_the_field(client):
     files = {"image": ("a.png", b"png bytes", "image/png")}
     response = client.post("/v1/images/edits", files=files, data={"prompt": "p", "n": "many"}, headers=KEY)
-    assert_error(response, 422, param="n")
+    assert_error(response, 400, param="n")
     assert_error(
-        client.post("/v1/videos", data={"prompt": "p", "size": "12"}, headers=KEY), 422, param="size"
+        client.post("/v1/videos", data={"prompt": "p", "size": "12"}, headers=KEY), 400, param="size"
     )
     assert_error(
-        client.post("/v1/images/edits", json={"prompt": "p"}, headers=KEY), 422, contains="multipart"
+        client.post("/v1/images/edits", json={"prompt": "p"}, headers=KEY), 400, contains="multipart"
     )
 
 
-def test_invalid_json_is_422(client):
+def test_query_errors_are_400_and_no_422_is_documented(client):
+    assert_error(client.get("/v1/videos?limit=0", headers=KEY), 400, param="limit")
+    assert_error(client.get("/v1/videos?order=sideways", headers=KEY), 400, param="order")
+    document = client.get("/openapi.json", headers=KEY).json()
+    for item in document["paths"].values():
+        for operation in item.values():
+            assert "422" not in operation["responses"]
+    assert document["paths"]["/v1/chat/completions"]["post"]["responses"]["400"]
+
+
+def test_invalid_json_is_400(client):
     response = client.post(
         "/v1/chat/completions", content=b"{bad", headers={**KEY, "content-type": "application/json"}
     )
-    assert_error(response, 422, contains="not valid JSON")
+    assert_error(response, 400, contains="not valid JSON")
     response = client.post("/v1/videos", content=b"[1]", headers={**KEY, "content-type": "application/json"})
-    assert_error(response, 422, contains="expected a JSON object")
+    assert_error(response, 400, contains="expected a JSON object")
 
 
 def test_unknown_model_route_and_job_are_404(client):
@@ -122,11 +142,13 @@ def test_unknown_model_route_and_job_are_404(client):
     assert_error(client.get("/v1/videos/video_x/content", headers=KEY), 404, "video_id")
 
 
-def test_logprobs_are_refused_until_supported(client):
-    body = {**CHAT, "logprobs": True}
+def test_logprob_rules(client):
+    body = {**CHAT, "top_logprobs": 2}
     assert_error(
-        client.post("/v1/chat/completions", json=body, headers=KEY), 400, "logprobs", "not supported"
+        client.post("/v1/chat/completions", json=body, headers=KEY), 400, "top_logprobs", "needs logprobs"
     )
+    body = {**CHAT, "logprobs": True, "top_logprobs": 21}
+    assert_error(client.post("/v1/chat/completions", json=body, headers=KEY), 400, "top_logprobs", "20")
     body = {"prompt": "x", "logprobs": 2}
     assert_error(client.post("/v1/completions", json=body, headers=KEY), 400, "logprobs", "not supported")
 

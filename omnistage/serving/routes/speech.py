@@ -75,6 +75,7 @@ def _request(body: SpeechRequest, model: ServedModel, ctx: ServerContext) -> tup
         sampling=sampling,
         generation=seed,
         stage_params=body.stage_params,
+        route_defaults={"max_tokens": None},  # as chat: the whole answer, up to the context
         limits=limits,
         origins={"max_tokens": "max_new_tokens"},
     )
