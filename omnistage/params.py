@@ -43,7 +43,9 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, tag=True)
     allowed_token_ids: list[int] | None = None
     # Dotted paths "module:function" (callables are accepted in-process and converted by the stage).
     logits_processors: list[Any] = msgspec.field(default_factory=list)
-    return_hidden_states: bool = False
+    return_hidden_states: bool = False  # the last layer's, i.e. hidden_state_layers [-1]
+    # transformers' `hidden_states` indices (0 = the embeddings, -1 = the last layer), out by layer
+    hidden_state_layers: list[int] = msgspec.field(default_factory=list)
     extra: dict[str, Any] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:
