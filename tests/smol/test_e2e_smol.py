@@ -120,3 +120,82 @@ def test_greedy_completion_equals_transformers(smol_server, reference, one_threa
         "completion_tokens": 16,
         "total_tokens": len(prompt_ids) + 16,
     }
+
+
+LONG_QUESTION = "What is photosynthesis? Answer in one sentence."  # a greedy answer of 22 tokens
+
+
+def test_chat_without_max_tokens_runs_to_the_end_of_the_turn(smol_server, reference, one_thread) -> None:
+    """OpenAI's chat default (as vLLM): no max_tokens means up to the context minus the prompt, not 16."""
+    model, tokenizer = reference
+    prompt_ids = chat_ids(reference, LONG_QUESTION)
+    expected = greedy_reference(reference, prompt_ids, model.config.max_position_embeddings - len(prompt_ids))
+    assert len(expected) > 16 and expected[-1] == tokenizer.convert_tokens_to_ids(END_OF_TURN)
+    body = {"messages": [{"role": "user", "content": LONG_QUESTION}], "temperature": 0}
+    reply = httpx.post(smol_server.url + "/v1/chat/completions", json=body, timeout=300).json()
+    choice = reply["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert choice["message"]["content"] == tokenizer.decode(expected, skip_special_tokens=True)
+    assert reply["usage"]["completion_tokens"] == len(expected)
+
+
+def test_completions_without_max_tokens_give_openais_16(smol_server, reference) -> None:
+    reply = httpx.post(
+        smol_server.url + "/v1/completions",
+        json={"prompt": "Once upon a time", "temperature": 0},
+        timeout=300,
+    ).json()
+    assert reply["usage"]["completion_tokens"] == 16 and reply["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_prompt_longer_than_the_context_is_a_400_naming_the_lengths(smol_server, reference) -> None:
+    context = reference[0].config.max_position_embeddings
+    response = httpx.post(
+        smol_server.url + "/v1/completions",
+        json={"prompt": [1] * (context + 5), "max_tokens": 1},
+        timeout=300,
+    )
+    assert response.status_code == 400, response.text
+    message = response.json()["error"]["message"]
+    assert str(context + 5) in message and str(context) in message
+
+
+def test_chat_logprobs_equal_transformers_log_softmax(smol_server, reference, one_thread) -> None:
+    """Through the official client: each token's logprob and its top 3 equal transformers' log-softmax
+    scores over the same prefix; streamed chunks carry the same entries."""
+    model, tokenizer = reference
+    body = {
+        "model": "smollm2-135m-instruct",
+        "messages": [{"role": "user", "content": QUESTIONS[0]}],
+        "temperature": 0,
+        "max_tokens": 8,
+        "logprobs": True,
+        "top_logprobs": 3,
+    }
+
+    async def ask():
+        api = client(smol_server)
+        whole = await api.chat.completions.create(**body)
+        chunks = await api.chat.completions.create(**body, stream=True)
+        return whole, [c async for c in chunks]
+
+    whole, chunks = asyncio.run(ask())
+    content = whole.choices[0].logprobs.content
+    prompt_ids = chat_ids(reference, QUESTIONS[0])
+    token_ids = greedy_reference(reference, prompt_ids, 8)
+    assert len(content) == len(token_ids) == 8
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt_ids + token_ids])).logits[0].float()
+    scores = torch.log_softmax(logits[len(prompt_ids) - 1 : -1], dim=-1)
+    for i, (item, token_id) in enumerate(zip(content, token_ids, strict=True)):
+        assert item.token == tokenizer.decode([token_id])
+        assert item.bytes == list(item.token.encode())
+        assert abs(item.logprob - scores[i, token_id].item()) < 1e-4
+        top = scores[i].topk(3)
+        assert [t.token for t in item.top_logprobs] == [tokenizer.decode([t]) for t in top.indices.tolist()]
+        for entry, value in zip(item.top_logprobs, top.values.tolist(), strict=True):
+            assert abs(entry.logprob - value) < 1e-4
+    streamed = [
+        i for c in chunks if c.choices and c.choices[0].logprobs for i in c.choices[0].logprobs.content
+    ]
+    assert [i.model_dump() for i in streamed] == [i.model_dump() for i in content]

@@ -262,6 +262,7 @@ async def _stream_events(
     reply: _Reply, streams: list[AsyncIterator[OmniRequestOutput]], include_usage: bool
 ) -> AsyncIterator[str]:
     finals: list[OmniRequestOutput | None] = [None] * len(streams)
+    logprobs_sent = [0] * len(streams)
     for index in range(len(streams)):
         yield reply.chunk(index, {"role": "assistant", "content": ""}, "text")
     try:
@@ -270,8 +271,12 @@ async def _stream_events(
                 raise out.error
             for event in _delta_events(reply, index, out):
                 yield event
+            logprobs_sent[index] += len(out.delta_logprobs)
             if out.finished:
                 finals[index] = out
+                rest = out.logprobs[logprobs_sent[index] :] if reply.logprobs and reply.text_out else []
+                if rest:  # tokens of the last step, reported only with the terminal output
+                    yield reply.chunk(index, {"content": ""}, "text", logprobs=rest)
                 yield reply.chunk(index, {}, out.modality or "text", out.finish_reason or "stop")
         if include_usage:
             yield reply.usage_chunk([f for f in finals if f is not None])
