@@ -3,18 +3,55 @@ tests reference by dotted path ("tests.ar.ar_helpers:name"), as a model family w
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from omnistage.config.deploy import StageDeploy
 from omnistage.config.pipeline import StageSpec
-from omnistage.demo.llm import tiny_llm_dir
+from omnistage.demo.cache import cached_dir
+from omnistage.demo.llm import TINY, TINY_VOCAB, tiny_llm_dir
+from omnistage.demo.tokenizer import build_tokenizer, generation_eos_ids
 from omnistage.outputs import StageOutput, StageResult
 from omnistage.stages.ar.engine import AREngine, create_engine
+from omnistage.stages.ar.loader import LoadedModel, load_causal_lm
+from omnistage.stages.ar.post_sample import PostSample, SampledStep
 from omnistage.stages.base import EngineContext, StageRequest
+
+
+def build_tiny_qwen3_moe(path: Path) -> None:
+    """A tiny Qwen3-MoE (q/k norm, 4 experts, 2 per token, every layer sparse) with the Qwen tokenizer."""
+    from transformers import GenerationConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    specials = build_tokenizer(path, "qwen", TINY_VOCAB)
+    eos = generation_eos_ids("qwen", specials)
+    config = Qwen3MoeConfig(
+        **TINY,
+        head_dim=TINY["hidden_size"] // TINY["num_attention_heads"],
+        vocab_size=TINY_VOCAB,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        decoder_sparse_step=1,
+        eos_token_id=eos[-1],
+        pad_token_id=eos[-1],
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(config).eval()
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=eos[-1], do_sample=False)
+    model.save_pretrained(str(path))
+
+
+def tiny_dir(arch: str) -> Path:
+    """The tiny checkpoint of `arch`: the demo's LLMs, and the MoE one only the AR tests use."""
+    if arch == "qwen3_moe":
+        return cached_dir("tiny-qwen3-moe", "v1", build_tiny_qwen3_moe)
+    return tiny_llm_dir(arch)
 
 
 def make_engine(
@@ -24,7 +61,7 @@ def make_engine(
     ctx = EngineContext(
         stage=StageSpec(0, "llm", "ar", final_output=True, output_modality="text"),
         deploy=StageDeploy(stage_id=0, engine_args=dict(engine_args or {}), **deploy),
-        model_dir=str(model_dir or tiny_llm_dir(arch)),
+        model_dir=str(model_dir or tiny_dir(arch)),
     )
     return create_engine(ctx)
 
@@ -67,14 +104,14 @@ def run(
 def hf_model(arch: str) -> Any:
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(str(tiny_llm_dir(arch)), dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(str(tiny_dir(arch)), dtype=torch.float32).eval()
 
 
 @functools.cache
 def hf_tokenizer(arch: str) -> Any:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(tiny_llm_dir(arch)))
+    return AutoTokenizer.from_pretrained(str(tiny_dir(arch)))
 
 
 @functools.cache
@@ -159,3 +196,74 @@ def load_qwen2_vl_text(model_dir: str, dtype: torch.dtype, device: str):
     return LoadedModel(
         embed=text.embed_tokens, decoder=text, head=model.lm_head, config=text.config, root=model
     )
+
+
+CODEBOOKS = 4  # per frame: the sampled token, then three from the code predictor
+CODEC_VOCAB = 64
+
+
+class ToyCodePredictor(torch.nn.Module):
+    """The shape of Qwen3-TTS's code predictor, small: codebook j of a frame is the argmax of a linear over
+    the talker's hidden state plus the embeddings of codebooks 0..j-1; the next step's input is the sum of
+    all the frame's codebook embeddings."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        others = range(CODEBOOKS - 1)
+        with torch.random.fork_rng():  # the same weights every time, the global generator untouched
+            torch.manual_seed(1234)
+            self.heads = torch.nn.ModuleList(torch.nn.Linear(hidden, CODEC_VOCAB) for _ in others)
+            self.embeds = torch.nn.ModuleList(torch.nn.Embedding(CODEC_VOCAB, hidden) for _ in others)
+            for embed in self.embeds:
+                torch.nn.init.normal_(embed.weight, std=0.1)
+
+    def forward(self, hidden: torch.Tensor, first: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden [S, H], first [S, H] (codebook 0's embedding) → (codes [S, CODEBOOKS - 1], next input)."""
+        x, total, codes = hidden + first, first, []
+        for head, embed in zip(self.heads, self.embeds, strict=True):
+            code = head(x).argmax(dim=-1)
+            codes.append(code)
+            x, total = x + embed(code), total + embed(code)
+        return torch.stack(codes, dim=1), total
+
+
+@dataclasses.dataclass
+class ToyTalker(LoadedModel):
+    code_predictor: torch.nn.Module | None = None
+
+
+def load_toy_talker(model_dir: str, dtype: torch.dtype, device: str) -> ToyTalker:
+    """A `model_loader`: the causal LM plus the code predictor the post-sample hook runs."""
+    loaded = load_causal_lm(model_dir, dtype, device)
+    fields = {f.name: getattr(loaded, f.name) for f in dataclasses.fields(LoadedModel)}
+    predictor = ToyCodePredictor(loaded.config.hidden_size).to(device, dtype).eval()
+    return ToyTalker(**fields, code_predictor=predictor)
+
+
+def predict_codes(model: ToyTalker, step: SampledStep) -> PostSample:
+    """Post-sample hook: the frame's other codebooks and the next input, for the whole step at once."""
+    if any(inputs.get("explode") for inputs in step.inputs):
+        raise ValueError("code predictor exploded")
+    codes, next_embeds = model.code_predictor(step.hidden, model.embed(step.token_ids))
+    return PostSample(codes=codes, next_embeds=next_embeds)
+
+
+def reference_talker(arch: str, prompt: list[int], max_new_tokens: int) -> tuple[list[int], torch.Tensor]:
+    """Tokens and frames the toy talker gives through transformers alone: greedy on the full sequence's
+    forward each step, fed the code predictor's embeddings."""
+    model = hf_model(arch)
+    predictor = ToyCodePredictor(model.config.hidden_size).eval()
+    embed = model.get_input_embeddings()
+    with torch.inference_mode():
+        inputs = embed(torch.tensor(prompt))
+        tokens, frames = [], []
+        for _ in range(max_new_tokens):
+            hidden = model.model(inputs_embeds=inputs[None]).last_hidden_state[0, -1:]
+            token = model.lm_head(hidden).argmax(dim=-1)
+            codes, next_embed = predictor(hidden, embed(token))
+            tokens.append(int(token))
+            frames.append(torch.cat([token[:, None], codes], dim=1))
+            if int(token) in model.generation_config.eos_token_id:
+                break
+            inputs = torch.cat([inputs, next_embed])
+    return tokens, torch.cat(frames)

@@ -12,7 +12,13 @@ CPU computes them natively, run on prepacked oneDNN weights, see packed_linear.p
 model_loader and step_embed_hook ("module:function", see loader.py and model_runner.py), step_ready_hook
 ("module:function", `fn(request_inputs, step) -> bool`: whether the inputs the step hook needs for generated
 token `step` have arrived; a request added with `streaming_input` gets more of them through `add_chunk`,
-and until they arrive its sequences sit out the steps that would need them).
+and until they arrive its sequences sit out the steps that would need them), post_sample_hook
+("module:function" or the callable: a batched callback after each step's sampling that may emit a frame's
+other codebooks and make the next step's input embeddings, see post_sample.py).
+
+Hidden states out: `SamplingParams.hidden_state_layers` (transformers' `hidden_states` indices) and
+`return_hidden_states` (the last layer, index -1) put one row per computed position into
+`StageOutput.hidden_states[index]`; a request asking for them takes nothing from the prefix cache.
 """
 
 from __future__ import annotations
@@ -30,8 +36,9 @@ from omnistage.stages.ar.detokenizer import IncrementalDetokenizer, decoder_for
 from omnistage.stages.ar.inputs import InputRules, make_request, merge_chunk
 from omnistage.stages.ar.kv_cache import BlockManager, KVStorage, bytes_per_token, plan_num_blocks
 from omnistage.stages.ar.loader import LoadedModel, check_loaded, load_causal_lm, resolve_dtype
-from omnistage.stages.ar.model_runner import ModelRunner, uses_mrope
+from omnistage.stages.ar.model_runner import ForwardResult, ModelRunner, uses_mrope
 from omnistage.stages.ar.packed_linear import pack_linears, packing_available
+from omnistage.stages.ar.post_sample import SampledStep, run_hook
 from omnistage.stages.ar.sampler import Sampler
 from omnistage.stages.ar.scheduler import ScheduledSeq, Scheduler
 from omnistage.stages.ar.sequence import ARRequest, Sequence, SequenceInputError, cacheable_tokens
@@ -76,7 +83,16 @@ class AREngine:
             ready=self._input_ready if self.step_ready else None,
         )
         self.step_hook = load_ref(args.get("step_embed_hook"))
-        self.runner = ModelRunner(self.model, self._new_kv(), self.block_size, self.device, self.step_hook)
+        self.post_sample = load_ref(args.get("post_sample_hook"))
+        self.runner = ModelRunner(
+            self.model,
+            self._new_kv(),
+            self.block_size,
+            self.device,
+            self.step_hook,
+            feeds_embeds=self.post_sample is not None,
+        )
+        self.num_layers = self._kv_shape[0]
         self.sampler = Sampler(self.model.eos_token_ids, seed=args.get("seed"))
         self.rules = InputRules(
             tokenizer=self.tokenizer,
@@ -89,8 +105,11 @@ class AREngine:
             default_params=dict(deploy.default_params or {}),
             constraints=dict(ctx.stage.sampling_constraints or {}),
             pad_token_id=getattr(config, "pad_token_id", None) or 0,
+            num_layers=self.num_layers,
         )
         self.requests: dict[str, ARRequest] = {}
+        # Requests that want hidden states of layers below the last: request id → those layer indices.
+        self._layer_requests: dict[str, tuple[int, ...]] = {}
         self._pending: list[StageOutput] = []
         self._sleep_level: int | None = None
         # Set when a step found nothing it could run (every sequence waits for streamed input): the engine
@@ -140,7 +159,10 @@ class AREngine:
         capacity = self.blocks.num_total_blocks * self.block_size
         limit = min(self.max_model_len, capacity) - len(ar.prompt_token_ids)
         max_tokens = min(ar.params.max_tokens or limit, limit)
-        cacheable = cacheable_tokens(ar, self.step_hook is not None)
+        cacheable = cacheable_tokens(ar, self.step_hook is not None or self.post_sample is not None)
+        inner = tuple(sorted({i for i in ar.hidden_layers.values() if i < self.num_layers}))
+        if inner:
+            self._layer_requests[rid] = inner
         for index in range(ar.params.n):
             seq = Sequence(
                 request=ar,
@@ -185,6 +207,7 @@ class AREngine:
     def abort(self, request_id: str) -> None:
         self._pending = [o for o in self._pending if o.request_id != request_id]
         ar = self.requests.pop(request_id, None)
+        self._layer_requests.pop(request_id, None)
         self._stalled = False
         if ar is not None:
             for seq in ar.sequences:
@@ -220,18 +243,23 @@ class AREngine:
             return outputs
 
     def _run(self, batch: list[ScheduledSeq]) -> list[StageOutput]:
-        result = self.runner.execute(batch)
+        layers = ()
+        if self._layer_requests:
+            layers = tuple(sorted(set().union(*self._layer_requests.values())))
+        result = self.runner.execute(batch, layers)
         for item in batch:
             item.seq.num_computed_tokens += item.num_tokens
             self.blocks.commit(item.seq)
-        outputs = self._sample(result.logits, result.sampling)
+        outputs = self._sample(result.logits, result.sampling, result.sampled_hidden)
         rows = {item.seq.seq_id: (item, result.offsets[i]) for i, item in enumerate(batch)}
         for ar in dict.fromkeys(item.seq.request for item in batch):
             if ar.request_id in self.requests:
-                outputs += self._request_outputs(ar, result.hidden, rows)
+                outputs += self._request_outputs(ar, result, rows)
         return outputs
 
-    def _sample(self, logits: torch.Tensor | None, sampling: list[ScheduledSeq]) -> list[StageOutput]:
+    def _sample(
+        self, logits: torch.Tensor | None, sampling: list[ScheduledSeq], hidden: torch.Tensor | None
+    ) -> list[StageOutput]:
         failed: list[StageOutput] = []
         seqs = [item.seq for item in sampling]
         while seqs:
@@ -241,10 +269,39 @@ class AREngine:
             except SequenceInputError as exc:
                 failed += self._fail(exc.seq.request, exc.cause)
                 keep = [i for i, s in enumerate(seqs) if s.request is not exc.seq.request]
-                seqs, logits = [seqs[i] for i in keep], logits[keep]
+                seqs, logits, hidden = [seqs[i] for i in keep], logits[keep], hidden[keep]
         else:
             return failed
+        if self.post_sample is not None:
+            return failed + self._post_sample(seqs, sample.token_ids, sample.logprobs, hidden)
         for seq, token, logprob in zip(seqs, sample.token_ids, sample.logprobs, strict=True):
+            self._append_token(seq, token, logprob)
+        return failed
+
+    def _post_sample(
+        self, seqs: list[Sequence], tokens: list[int], logprobs: list[Any], hidden: torch.Tensor
+    ) -> list[StageOutput]:
+        """Run the family's hook on the step's sampled sequences, then append their tokens with the frames
+        and next embeddings it made; a sequence the hook failed fails its request."""
+        step = SampledStep(
+            token_ids=torch.tensor(tokens, dtype=torch.long),
+            hidden=hidden,
+            steps=[seq.num_output_tokens for seq in seqs],
+            inputs=[seq.request.inputs for seq in seqs],
+        )
+        embed = (self.rules.hidden_size, self.dtype, self.device)
+        failed: list[StageOutput] = []
+        rows = run_hook(self.post_sample, self.model, step, embed)
+        for seq, token, logprob, row in zip(seqs, tokens, logprobs, rows, strict=True):
+            if seq.request.request_id not in self.requests:
+                continue  # another sequence of its request failed
+            if isinstance(row, BaseException):
+                failed += self._fail(seq.request, row)
+                continue
+            frame, next_embed = row
+            if frame is not None:
+                seq.pending_codes.append(frame)
+            seq.fed_embeds.append(next_embed)
             self._append_token(seq, token, logprob)
         return failed
 
@@ -291,15 +348,16 @@ class AREngine:
 
     # ---- outputs ---------------------------------------------------------------------------------------
     def _request_outputs(
-        self, ar: ARRequest, hidden: torch.Tensor, rows: dict[int, tuple[ScheduledSeq, int]]
+        self, ar: ARRequest, result: ForwardResult, rows: dict[int, tuple[ScheduledSeq, int]]
     ) -> list[StageOutput]:
         outputs = []
         for seq in ar.sequences:
-            out = self._seq_output(seq, hidden, rows.get(seq.seq_id))
+            out = self._seq_output(seq, result, rows.get(seq.seq_id))
             if out is not None:
                 outputs.append(out)
         if ar.finished:
             del self.requests[ar.request_id]
+            self._layer_requests.pop(ar.request_id, None)
             if not outputs:  # cannot happen for a request that finished this step, but never end silently
                 outputs.append(StageOutput(request_id=ar.request_id))
             outputs[-1].finished = True
@@ -312,7 +370,7 @@ class AREngine:
             outputs[0].data.update(ar.inputs.get("output_data") or {})
         return outputs
 
-    def _seq_output(self, seq: Sequence, hidden: torch.Tensor, row: tuple | None) -> StageOutput | None:
+    def _seq_output(self, seq: Sequence, result: ForwardResult, row: tuple | None) -> StageOutput | None:
         p = seq.params
         token_ids = seq.token_ids[seq.num_prompt_tokens + seq.num_tokens_sent :]
         seq.num_tokens_sent += len(token_ids)
@@ -324,17 +382,12 @@ class AREngine:
         out = StageOutput(request_id=seq.request.request_id, token_ids=token_ids, text=text)
         if seq.pending_logprobs:
             out.logprobs, seq.pending_logprobs = seq.pending_logprobs, []
-        if p.return_hidden_states and row is not None:
-            item, offset = row
-            first = max(item.start, seq.num_hidden_rows_sent)
-            last = item.start + item.num_tokens
-            if last > first:
-                out.hidden_states[-1] = hidden[
-                    offset + first - item.start : offset + last - item.start
-                ].clone()
-                seq.num_hidden_rows_sent = last
+        if seq.pending_codes:
+            out.codes, seq.pending_codes = torch.cat(seq.pending_codes), []
+        if seq.request.hidden_layers and row is not None:
+            self._hidden_out(out, seq, result, *row)
         just_finished = seq.finished and not seq.finish_sent
-        if not (token_ids or text or out.hidden_states or just_finished):
+        if not (token_ids or text or out.hidden_states or out.codes is not None or just_finished):
             return None
         if p.n > 1:
             out.choice = Choice(seq.index, just_finished, seq.finish_reason if just_finished else None)
@@ -342,6 +395,21 @@ class AREngine:
             seq.finish_sent = True
             out.stop_reason = seq.stop_reason
         return out
+
+    def _hidden_out(
+        self, out: StageOutput, seq: Sequence, result: ForwardResult, item: ScheduledSeq, offset: int
+    ) -> None:
+        """The rows of each asked layer for the positions computed this step that were not sent before
+        (a recomputed prefix after preemption was)."""
+        first = max(item.start, seq.num_hidden_rows_sent)
+        last = item.start + item.num_tokens
+        if last <= first:
+            return
+        span = slice(offset + first - item.start, offset + last - item.start)
+        for key, layer in seq.request.hidden_layers.items():
+            rows = result.hidden if layer == self.num_layers else result.layers[layer]
+            out.hidden_states[key] = rows[span].clone()
+        seq.num_hidden_rows_sent = last
 
     def _fail(self, ar: ARRequest, exc: BaseException) -> list[StageOutput]:
         logger.warning("request %s failed: %s", ar.request_id, exc)

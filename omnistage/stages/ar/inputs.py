@@ -35,6 +35,7 @@ class InputRules:
     default_params: dict[str, Any]
     constraints: dict[str, Any]
     pad_token_id: int = 0
+    num_layers: int = 0  # decoder layers: transformers' hidden_states has num_layers + 1 entries
 
 
 def make_params(given: Any, rules: InputRules) -> SamplingParams:
@@ -100,7 +101,23 @@ def make_request(req: StageRequest, rules: InputRules) -> ARRequest:
         positions=positions,
         rope_delta=int(inputs.get("rope_delta", 0) or 0),
         logits_processors=processors,
+        hidden_layers=_hidden_layers(params, rules.num_layers),
     )
+
+
+def _hidden_layers(params: SamplingParams, num_layers: int) -> dict[int, int]:
+    """Output key → layer index in [0, num_layers] (transformers' `hidden_states` index, negative ones
+    counted from the end, -1 the last layer after the final norm)."""
+    asked = list(dict.fromkeys([*params.hidden_state_layers, *([-1] if params.return_hidden_states else [])]))
+    valid = range(-num_layers - 1, num_layers + 1)
+    bad = [k for k in asked if isinstance(k, bool) or not isinstance(k, int) or k not in valid]
+    if bad:
+        raise InvalidRequestError(
+            f"hidden_state_layers: {bad[0]!r} is not a layer index in [{-num_layers - 1}, {num_layers}] "
+            f"(this model has {num_layers} layers; 0 is the embeddings, -1 the last layer)",
+            param="hidden_state_layers",
+        )
+    return {k: k % (num_layers + 1) for k in asked}
 
 
 def _prompt_token_ids(prompt: Any, rules: InputRules, embeds: torch.Tensor | None) -> list[int]:

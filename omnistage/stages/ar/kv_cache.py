@@ -63,7 +63,7 @@ class BlockManager:
         compute, because that token's forward pass is what yields the next token's logits. A sequence
         that returns hidden states reuses nothing: it needs every position computed (it still shares its
         blocks)."""
-        if not self.enable_prefix_caching or seq.params.return_hidden_states:
+        if not self.enable_prefix_caching or seq.request.hidden_layers:
             return []
         bs = self.block_size
         limit = min(seq.num_tokens - 1, seq.max_cacheable_tokens) // bs

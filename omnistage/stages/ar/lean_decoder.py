@@ -51,22 +51,43 @@ def lean_decoder(decoder: Any) -> Any:
 
 def supports(model: Any) -> bool:
     """A decoder (`layers`, `norm`, `rotary_emb`) of known layers only, full attention, SiLU MLPs."""
+    return unsupported(model) is None
+
+
+def unsupported(model: Any) -> str | None:
+    """Why the lean stack cannot run `model` (None: it can), for the log line that names the engine's path."""
     layers = getattr(model, "layers", None)
     if layers is None or not hasattr(model, "norm") or not hasattr(model, "rotary_emb"):
-        return False
+        return f"{type(model).__name__} has no layers/norm/rotary_emb"
     for layer in layers:
-        known = KNOWN_LAYERS.get(type(layer).__name__)
+        name = type(layer).__name__
+        known = KNOWN_LAYERS.get(name)
         if known is None:
-            return False
+            return f"{name} is not a known layer type"
         attn, mlp = layer.self_attn, layer.mlp
         if type(attn).__name__ != known[0] or getattr(attn, "sliding_window", None) is not None:
-            return False
+            return f"{name}: attention {type(attn).__name__} (or a sliding window)"
         norms = (layer.input_layernorm, layer.post_attention_layernorm, model.norm)
         if any(type(n).__name__ != known[1] for n in norms):
-            return False
-        if not isinstance(mlp.act_fn, torch.nn.SiLU) and type(mlp.act_fn).__name__ != "SiLUActivation":
-            return False
-    return True
+            return f"{name}: norms other than {known[1]}"
+        act = getattr(mlp, "act_fn", None)
+        if not isinstance(act, torch.nn.SiLU) and type(act).__name__ != "SiLUActivation":
+            return f"{name}: MLP {type(mlp).__name__} is not a SiLU-gated MLP"
+    return None
+
+
+def describe(made: Any, decoder: Any) -> str:
+    """What the engine runs for `decoder` (`made` = `lean_decoder(decoder)`), and why, in words."""
+    if isinstance(made, LeanDecoder):
+        kinds = sorted({type(layer).__name__ for layer in made.model.layers})
+        ops = "native kernels" if made.native_ops is not None else f"torch ops ({made.native_reason})"
+        path = f"lean decoder over {len(made.layers)} {'/'.join(kinds)} layers, pointwise on {ops}"
+    elif made is not decoder:
+        path = f"the family's own lean decoder {type(made).__name__}"
+    else:
+        path = f"the model's own forward (no lean decoder: {unsupported(decoder)})"
+    attention = "native paged decode and cache write" if native.kernels() is not None else "torch SDPA"
+    return f"{path}; attention: {attention}"
 
 
 class LeanDecoder:
@@ -89,33 +110,46 @@ class LeanDecoder:
             for layer in model.layers
         ]
         self.norms = [layer.input_layernorm for layer in model.layers] + [model.norm]
-        self.native_ops = self._native_ops()
+        self.native_reason = self._native_reason()
+        self.native_ops = native.kernels() if self.native_reason is None else None
 
-    def _native_ops(self) -> Any | None:
-        """The native kernels where they apply to every layer: built here, packed joint GEMMs, norm weights
-        of one float32/bf16 dtype on the CPU."""
-        ops = native.kernels()
+    def _native_reason(self) -> str | None:
+        """Why the native kernels do not apply to every layer (None: they do). They need to be built here,
+        packed joint GEMMs, and norm weights of one float32/bf16 dtype on the CPU."""
         weights = [n.weight for n in self.norms] + [layer[2].weight for layer in self.layers]
         dtypes = {w.dtype for w in weights}
         joints = [j for layer in self.layers for j in layer[5:7]]
-        if ops is None or len(dtypes) != 1 or dtypes.pop() not in native.DTYPES:
-            return None
-        on_cpu = all(w.device.type == "cpu" for w in weights)
-        if not on_cpu or not all(isinstance(j, JointLinear) for j in joints):
-            return None
-        return ops
+        if native.kernels() is None:
+            return "the native kernels are not built here"
+        if len(dtypes) != 1 or next(iter(dtypes)) not in native.DTYPES:
+            return f"norm weights of dtype {sorted(map(str, dtypes))}"
+        if not all(w.device.type == "cpu" for w in weights):
+            return "weights off the CPU"
+        if not all(isinstance(j, JointLinear) for j in joints):
+            return "linears not packed"
+        return None
 
     def __call__(
-        self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, **kwargs: Any
+        self,
+        inputs_embeds: torch.Tensor,
+        position_ids: torch.Tensor,
+        hidden_layers: tuple[int, ...] = (),
+        **kwargs: Any,
     ) -> types.SimpleNamespace:
+        """`hidden_layers`: transformers' `hidden_states` indices below the last (0: the decoder's input,
+        k: layer k-1's output) to record in `.hidden_states`, a dict by index."""
         kwargs.pop("attention_mask", None)
         kwargs.pop("use_cache", None)
         h = inputs_embeds if self.input_proj is None else self.input_proj(inputs_embeds)
         cos, sin = self.model.rotary_emb(h, position_ids)
+        seen: dict[int, torch.Tensor] = {}
         if self.native_ops is not None and h.dtype == self.norms[0].weight.dtype:
-            return types.SimpleNamespace(last_hidden_state=self._native_forward(h, cos, sin, kwargs))
+            last = self._native_forward(h, cos, sin, kwargs, hidden_layers, seen)
+            return types.SimpleNamespace(last_hidden_state=last, hidden_states=seen)
         batch, length, _ = h.shape
-        for norm_in, attn, norm_post, mlp, head_dim, qkv, gate_up in self.layers:
+        for i, (norm_in, attn, norm_post, mlp, head_dim, qkv, gate_up) in enumerate(self.layers):
+            if hidden_layers and i in hidden_layers:
+                seen[i] = h
             x = norm_in.forward(h)
             q, k, v = (part.view(batch, length, -1, head_dim).transpose(1, 2) for part in qkv(x))
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
@@ -124,10 +158,16 @@ class LeanDecoder:
             x = norm_post.forward(h)
             gate, up = gate_up(x)
             h = h + mlp.down_proj.forward(F.silu(gate) * up)
-        return types.SimpleNamespace(last_hidden_state=self.model.norm.forward(h))
+        return types.SimpleNamespace(last_hidden_state=self.model.norm.forward(h), hidden_states=seen)
 
     def _native_forward(
-        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kwargs: dict[str, Any]
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kwargs: dict[str, Any],
+        hidden_layers: tuple[int, ...],
+        seen: dict[int, torch.Tensor],
     ) -> torch.Tensor:
         """The same layers through the native pointwise kernels; each residual add is fused with the norm
         that follows it (the next layer's input norm, and the final norm after the last layer)."""
@@ -136,9 +176,11 @@ class LeanDecoder:
         cos, sin = cos.contiguous(), sin.contiguous()
         h = h.contiguous()
         x = ops.rms_norm(h, self.norms[0].weight, self.norms[0].variance_epsilon)
-        for (_, attn, norm_post, mlp, head_dim, qkv, gate_up), norm_next in zip(
-            self.layers, self.norms[1:], strict=True
+        for i, ((_, attn, norm_post, mlp, head_dim, qkv, gate_up), norm_next) in enumerate(
+            zip(self.layers, self.norms[1:], strict=True)
         ):
+            if hidden_layers and i in hidden_layers:
+                seen[i] = h
             fused = qkv.whole(x)
             ops.rotary_(fused, cos, sin, (qkv.widths[0] + qkv.widths[1]) // head_dim, head_dim)
             q, k, v = (

@@ -6,14 +6,20 @@ Inputs beyond plain token ids, for models whose stages feed each other (thinker 
 - `ARRequest.prompt_embeds` rows replace the token-embedding lookup for the prompt;
 - `ARRequest.positions` (1 or 3 rows, multimodal RoPE) position the prompt, and generated token i sits at
   i + rope_delta on every row;
+- a generated token's embedding is the one the post-sample hook made for it, where it made one
+  (`Sequence.fed_embeds`, post_sample.py), else its token embedding;
 - the engine's step hook `hook(request_inputs, step, embed) -> embed` adjusts the embedding of each
   generated token fed back (step = its index among the generated tokens), e.g. to add the thinker's
   hidden state for that step.
+
+Hidden states of other layers than the last come out when asked (`layers`): the lean decoder records them
+as it goes, the model's own forward through `output_hidden_states`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -21,10 +27,12 @@ import torch
 
 from omnistage.stages.ar.attention import METADATA_KWARG, build_metadata
 from omnistage.stages.ar.kv_cache import KVStorage
-from omnistage.stages.ar.lean_decoder import lean_decoder
+from omnistage.stages.ar.lean_decoder import LeanDecoder, describe, lean_decoder
 from omnistage.stages.ar.loader import LoadedModel
 from omnistage.stages.ar.scheduler import ScheduledSeq
 from omnistage.stages.ar.sequence import SequenceInputError
+
+logger = logging.getLogger(__name__)
 
 StepHook = Callable[[dict[str, Any], int, torch.Tensor], torch.Tensor]
 
@@ -35,6 +43,8 @@ class ForwardResult:
     offsets: list[int]  # first packed row of each scheduled sequence
     logits: torch.Tensor | None  # [S, V] float32, one row per sampling sequence
     sampling: list[ScheduledSeq]
+    sampled_hidden: torch.Tensor | None = None  # [S, H] the rows the logits came from
+    layers: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)  # layer → [T, H]
 
 
 def uses_mrope(config: Any) -> bool:
@@ -50,17 +60,21 @@ class ModelRunner:
         block_size: int,
         device: torch.device,
         step_hook: StepHook | None = None,
+        feeds_embeds: bool = False,
     ):
         self.model = model
         self.kv = kv
         self.block_size = block_size
         self.device = device
         self.step_hook = step_hook
+        self.feeds_embeds = feeds_embeds  # a post-sample hook may give generated tokens their embeddings
         self.position_rows = 3 if uses_mrope(model.config) else 1
         self.decoder = lean_decoder(model.decoder)
+        logger.info("AR decoder path: %s", describe(self.decoder, model.decoder))
 
     @torch.inference_mode()
-    def execute(self, batch: list[ScheduledSeq]) -> ForwardResult:
+    def execute(self, batch: list[ScheduledSeq], layers: tuple[int, ...] = ()) -> ForwardResult:
+        """One forward of `batch`; `layers`: hidden_states indices in [0, num_layers) to return as well."""
         token_ids: list[int] = []
         offsets: list[int] = []
         for item in batch:
@@ -78,20 +92,22 @@ class ModelRunner:
             [item.seq.block_table for item in batch],
             self.device,
         )
+        kwargs = {METADATA_KWARG: meta}
+        if layers:
+            kwargs.update(_layer_kwargs(self.decoder, layers))
         out = self.decoder(
-            inputs_embeds=embeds[None],
-            position_ids=positions,
-            attention_mask=None,
-            use_cache=False,
-            **{METADATA_KWARG: meta},
+            inputs_embeds=embeds[None], position_ids=positions, attention_mask=None, use_cache=False, **kwargs
         )
         hidden = out.last_hidden_state[0]
         sampling = [item for item in batch if item.samples]
-        logits = None
+        result = ForwardResult(hidden=hidden, offsets=offsets, logits=None, sampling=sampling)
         if sampling:
             rows = [offsets[i] + item.num_tokens - 1 for i, item in enumerate(batch) if item.samples]
-            logits = self.model.head(hidden[rows]).float()
-        return ForwardResult(hidden=hidden, offsets=offsets, logits=logits, sampling=sampling)
+            result.sampled_hidden = hidden[rows]
+            result.logits = self.model.head(result.sampled_hidden).float()
+        if layers:
+            result.layers = {k: out.hidden_states[k][0] for k in layers}
+        return result
 
     def _patch_embeddings(self, embeds: torch.Tensor, batch: list[ScheduledSeq], offsets: list[int]) -> None:
         for item, offset in zip(batch, offsets, strict=True):
@@ -101,6 +117,8 @@ class ModelRunner:
             if request.prompt_embeds is not None and start < prompt_len:
                 stop = min(end, prompt_len)
                 embeds[offset : offset + stop - start] = request.prompt_embeds[start:stop]
+            if self.feeds_embeds and end > prompt_len:
+                self._feed_embeds(embeds, seq, offset, start, end)
             if self.step_hook is not None and end > prompt_len:
                 for pos in range(max(start, prompt_len), end):
                     row = offset + pos - start
@@ -108,6 +126,15 @@ class ModelRunner:
                         embeds[row] = self.step_hook(request.inputs, pos - prompt_len, embeds[row])
                     except Exception as exc:  # noqa: BLE001 - a hook failure fails its own request only
                         raise SequenceInputError(seq, exc) from exc
+
+    @staticmethod
+    def _feed_embeds(embeds: torch.Tensor, seq: Any, offset: int, start: int, end: int) -> None:
+        """Generated positions in [start, end) take the embeddings the post-sample hook made for them."""
+        made, base = seq.fed_embeds, seq.num_prompt_tokens
+        for pos in range(max(start, base), min(end, base + len(made))):
+            row = made[pos - base]
+            if row is not None:
+                embeds[offset + pos - start] = row
 
     def _positions(self, batch: list[ScheduledSeq]) -> torch.Tensor:
         """[1, T] positions, or [3, 1, T] for multimodal RoPE."""
@@ -133,3 +160,11 @@ class ModelRunner:
     def restore(self, kv: KVStorage) -> None:
         self.model.root.to(self.device)
         self.kv = kv
+
+
+def _layer_kwargs(decoder: Any, layers: tuple[int, ...]) -> dict[str, Any]:
+    """How `decoder` is asked for hidden states besides the last: the lean decoder records just `layers`;
+    a transformers model returns all of them (`hidden_states`, transformers' indexing)."""
+    if isinstance(decoder, LeanDecoder):
+        return {"hidden_layers": layers}
+    return {"output_hidden_states": True}

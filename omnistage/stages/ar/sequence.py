@@ -57,6 +57,8 @@ class ARRequest:
     positions: torch.Tensor | None = None
     rope_delta: int = 0
     logits_processors: list[Any] = dataclasses.field(default_factory=list)
+    # Hidden states out: output key (transformers' index as asked, -1 the last layer) → layer index >= 0.
+    hidden_layers: dict[int, int] = dataclasses.field(default_factory=dict)
     sequences: list[Sequence] = dataclasses.field(default_factory=list)
     first_output_sent: bool = False
 
@@ -88,6 +90,10 @@ class Sequence:
     num_hidden_rows_sent: int = 0
     num_tokens_sent: int = 0
     pending_logprobs: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # The post-sample hook's results (post_sample.py): frames not yet sent, and per generated token the
+    # embedding fed back in its place (None: its own token embedding), kept for recompute.
+    pending_codes: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    fed_embeds: list[torch.Tensor | None] = dataclasses.field(default_factory=list)
     finish_reason: str | None = None
     finish_sent: bool = False
     stop_reason: str | int | None = None
@@ -144,8 +150,9 @@ class Sequence:
         return num_tokens <= self.max_cacheable_tokens
 
 
-def cacheable_tokens(request: ARRequest, has_step_hook: bool) -> int:
-    """How far a sequence's KV is a pure function of its token ids (and so shareable by prefix hash)."""
+def cacheable_tokens(request: ARRequest, hooks_embed_outputs: bool) -> int:
+    """How far a sequence's KV is a pure function of its token ids (and so shareable by prefix hash): not
+    past the prompt where a hook changes the generated tokens' embeddings."""
     if request.prompt_embeds is not None or request.positions is not None:
         return 0
-    return len(request.prompt_token_ids) if has_step_hook else sys.maxsize
+    return len(request.prompt_token_ids) if hooks_embed_outputs else sys.maxsize

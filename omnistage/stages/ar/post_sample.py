@@ -1,0 +1,100 @@
+"""The post-sample hook: a family's batched callback after each step's sampling.
+
+Multi-codebook talkers (Qwen3-TTS, Qwen3-Omni) sample codebook 0 of a frame with the talker's head, then a
+small code-predictor network fills in the other codebooks from the talker's hidden state, and the next step
+is fed the sum of the frame's codebook embeddings instead of codebook 0's alone. engine_args
+`post_sample_hook` ("module:function", or the callable itself in-process) names
+`hook(model: LoadedModel, step: SampledStep) -> PostSample`, called once per step with every sequence that
+sampled a token in it (one batched call, so the predictor runs as one batch).
+
+The hook must be a pure function of its arguments (the request's own state lives in `inputs`): the same
+token, hidden row, step and inputs give the same result whatever else is in the batch. That is what lets a
+failed batch be retried one sequence at a time, so a failure fails only the request it belongs to, and what
+makes the fed-back embeddings safe to keep: the engine stores each sequence's `next_embeds` rows, and a
+sequence preempted by recompute is refilled from them (the hook is not called again for old tokens).
+Positions fed a hook's embedding are never shared through the prefix cache (their KV is no function of the
+token ids alone).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class SampledStep:
+    """A step's sampled sequences, row i for each."""
+
+    token_ids: torch.Tensor  # [S] long: the sampled tokens (codebook 0 of a frame)
+    hidden: torch.Tensor  # [S, H] the last-layer hidden state each token was sampled from
+    steps: list[int]  # each token's index among its sequence's generated tokens (0: the first)
+    inputs: list[dict[str, Any]]  # each sequence's request inputs (streamed chunks merged)
+
+
+@dataclasses.dataclass
+class PostSample:
+    """What the hook returns; either field may be None."""
+
+    codes: torch.Tensor | None = None  # [S, C - 1]: the frame's other codebooks, emitted as codes [1, C]
+    next_embeds: torch.Tensor | None = None  # [S, H]: fed back instead of each sampled token's embedding
+
+
+PostSampleHook = Callable[[Any, SampledStep], PostSample]
+EmbedSpec = tuple[int, torch.dtype, torch.device]  # width, dtype, device
+Row = tuple[torch.Tensor | None, torch.Tensor | None]  # (frame [1, C] with the token first, embed [H])
+
+
+def run_hook(
+    hook: PostSampleHook, model: Any, step: SampledStep, embed: EmbedSpec
+) -> list[Row | BaseException]:
+    """Each sequence's (codes frame, next embedding), or the exception that failed it. A failing batch is
+    retried a sequence at a time, so one bad request does not fail the others. `embed`: the width, dtype
+    and device of the model's input embeddings, which the next embeddings must have."""
+    with torch.inference_mode():
+        return _run(hook, model, step, embed)
+
+
+def _run(hook: PostSampleHook, model: Any, step: SampledStep, embed: EmbedSpec) -> list[Row | BaseException]:
+    try:
+        return _rows(hook(model, step), step, embed)
+    except Exception as exc:  # noqa: BLE001 - attributed to its sequences below
+        if len(step.steps) == 1:
+            return [exc]
+        logger.warning("post-sample hook failed on a batch of %d; retrying one by one", len(step.steps))
+    results: list[Row | BaseException] = []
+    for i in range(len(step.steps)):
+        pick = slice(i, i + 1)
+        one = SampledStep(step.token_ids[pick], step.hidden[pick], step.steps[pick], step.inputs[pick])
+        try:
+            results += _rows(hook(model, one), one, embed)
+        except Exception as exc:  # noqa: BLE001 - a hook failure fails its own request only
+            results.append(exc)
+    return results
+
+
+def _rows(out: PostSample, step: SampledStep, embed: EmbedSpec) -> list[Row]:
+    n = len(step.steps)
+    if not isinstance(out, PostSample):
+        raise TypeError(f"the post-sample hook returned {type(out).__name__}, not PostSample")
+    frames: list[torch.Tensor | None] = [None] * n
+    embeds: list[torch.Tensor | None] = [None] * n
+    if out.codes is not None:
+        codes = out.codes.reshape(n, -1).to("cpu", torch.long)
+        whole = torch.cat([step.token_ids.cpu()[:, None], codes], dim=1)
+        frames = list(whole.split(1))
+    if out.next_embeds is not None:
+        width, dtype, device = embed
+        if tuple(out.next_embeds.shape) != (n, width):
+            raise ValueError(
+                f"the post-sample hook's next_embeds have shape {list(out.next_embeds.shape)}, expected "
+                f"[{n}, {width}]"
+            )
+        embeds = [row.clone() for row in out.next_embeds.to(device, dtype)]
+    return list(zip(frames, embeds, strict=True))
