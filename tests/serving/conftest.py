@@ -8,7 +8,6 @@ from tests.serving.server_process import ServerProcess, toy_server_args
 
 API_KEY = "test-key"
 MAX_IMAGE_PIXELS = 64 * 64
-STEP_DELAY = 0.01  # seconds per engine step: long requests stay in flight long enough to observe
 
 
 @pytest.fixture(scope="session")
@@ -17,7 +16,13 @@ def media_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory, media_dir):
+def gates(tmp_path_factory):
+    """Where tests open the gates of the requests they hold in flight (`HOLD:<name>` in a toy prompt)."""
+    return tmp_path_factory.mktemp("gates")
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory, media_dir, gates):
     """User pipelines of small torch modules (toy-omni: text + speech, toy-image, toy-video) and real tiny
     diffusers checkpoints on the diffusion engine (tiny-flux1, tiny-wan21-t2v, tiny-stable-audio), one server,
     an API key."""
@@ -27,8 +32,8 @@ def server(tmp_path_factory, media_dir):
         storage_dir=root / "storage",
         api_key=API_KEY,
         extra=[
-            "--toy-step-delay",
-            str(STEP_DELAY),
+            "--toy-gate-dir",
+            str(gates),
             "--max-queued-requests",
             "6",
             "--max-image-pixels",

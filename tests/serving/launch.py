@@ -21,13 +21,13 @@ def main() -> None:
     parser.add_argument("--log-level", default="warning")
     parser.add_argument("--placement", default="inline")
     parser.add_argument("--stage-overrides", default=None, help="JSON, applied to every model")
-    parser.add_argument("--toy-step-delay", type=float, default=0.0, help="seconds per toy engine step")
+    parser.add_argument("--toy-gate-dir", default=None, help="where tests open the toy engines' gates")
     args = parser.parse_args()
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     names = args.models.split(",")
-    specs = [PIPELINES[name](step_delay=args.toy_step_delay) for name in names]
+    specs = [PIPELINES[name](gate_dir=args.toy_gate_dir) for name in names]
     omni_kwargs = {"placement": args.placement, "max_queued_requests": args.max_queued_requests}
     if args.stage_overrides:
         omni_kwargs["stage_overrides"] = json.loads(args.stage_overrides)

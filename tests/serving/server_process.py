@@ -1,4 +1,7 @@
-"""A real server process for end-to-end tests: started on a free port, waited on, stopped with SIGTERM."""
+"""A real server process for end-to-end tests: started on a free port, waited on, stopped with SIGTERM.
+
+It leads its own process group, as a server started from a shell or by a service manager does, so a test
+can signal the group the way a terminal's Ctrl-C or `systemctl stop` would."""
 
 from __future__ import annotations
 
@@ -8,10 +11,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
+
+from tests.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,24 +36,31 @@ class ServerProcess:
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMNISTAGE_LOG_LEVEL": "WARNING"}
         command = [sys.executable, "-m", module, *args, "--port", str(self.port)]
         self.log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def healthy(self) -> bool:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.logs()}")
+        try:
+            return httpx.get(self.url + "/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def wait_healthy(self, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.logs()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"server not healthy after {timeout}s:\n{self.logs()}")
+        try:
+            wait_until(self.healthy, timeout, "server healthy")
+        except AssertionError as exc:
+            raise TimeoutError(f"{exc}:\n{self.logs()}") from None
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0, group: bool = False) -> int:
+        """Signal the server (`group`: its whole process group) and wait for it to exit."""
         if self.proc.poll() is None:
-            self.proc.send_signal(sig)
+            if group:
+                os.killpg(self.proc.pid, sig)
+            else:
+                self.proc.send_signal(sig)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:

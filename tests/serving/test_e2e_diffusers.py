@@ -5,7 +5,6 @@ Equality with plain diffusers is the diffusion engine's own test; here: the serv
 
 import base64
 import io
-import time
 
 import numpy as np
 import pytest
@@ -13,6 +12,7 @@ import soundfile as sf
 from PIL import Image
 
 from omnistage.serving import media
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -43,10 +43,13 @@ def test_wan_video_job_reports_engine_progress_and_serves_the_frames(client):
     body = {"num_frames": 5, "num_inference_steps": 4, "seed": 3, "fps": 8}
     job = client.videos.create(model="tiny-wan21-t2v", prompt="waves", size="32x32", extra_body=body)
     seen = []
-    while job.status not in ("completed", "failed"):
-        time.sleep(0.05)
-        job = client.videos.retrieve(job.id)
-        seen.append(job.progress)
+
+    def ended():
+        current = client.videos.retrieve(job.id)
+        seen.append(current.progress)
+        return current if current.status in ("completed", "failed") else None
+
+    job = wait_until(ended, what="the wan video job ended")
     assert job.status == "completed", job.error
     assert seen == sorted(seen) and seen[-1] == 100
     assert job.size == "32x32" and float(job.seconds) == 5 / 8

@@ -4,12 +4,14 @@ They stand in for model families that have not landed yet (the runtime supports 
 a chat+speech pipeline (the runtime's toy AR stage → code mapper → generation-engine vocoder), and toy
 diffusion-kind stages that denoise a latent with a seeded conv for `num_inference_steps` steps, report
 progress per step and decode to images or a video. Every output is computed by the modules, never fixed.
+A prompt naming a gate (`HOLD:<name>`, tests/runtime/toy_stages.py) holds its request before its last
+output until the test opens the gate: how a server test keeps a request in flight for as long as it needs.
 """
 
 from __future__ import annotations
 
 import os
-import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,7 +22,7 @@ from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
 from omnistage.outputs import StageOutput
 from omnistage.params import DiffusionParams
 from omnistage.stages.base import EngineContext, StageInputContext, StageRequest
-from tests.runtime.toy_stages import GEN, make_map, make_vocoder, tokens_chunk, tokens_to_map_request
+from tests.runtime.toy_stages import GEN, gate_of, make_map, make_vocoder, tokens_chunk, tokens_to_map_request
 from tests.runtime.toy_stages import ToyAREngine as _RuntimeToyAR
 
 MAX_MODEL_LEN = 48  # like a real engine's context limit: generation stops there, whatever max_tokens says
@@ -66,7 +68,7 @@ def make_chat(ctx: EngineContext) -> ToyChatEngine:
     return ToyChatEngine(ctx)
 
 
-def speech_pipeline(step_delay: float = 0.0) -> PipelineSpec:
+def speech_pipeline(gate_dir: str | None = None) -> PipelineSpec:
     return PipelineSpec(
         name="toy-omni",
         stages=(
@@ -78,7 +80,7 @@ def speech_pipeline(step_delay: float = 0.0) -> PipelineSpec:
                 output_modality="text",
                 engine=make_chat,
                 input_processor=chat_input,
-                engine_args={"step_delay": step_delay},
+                engine_args={"gate_dir": gate_dir},
             ),
             StageSpec(
                 1,
@@ -123,12 +125,12 @@ class ToyDenoiser(nn.Module):
 
 class ToyDiffusionEngine:
     """Step-wise denoising of seeded latents; progress every step; images or video at the end.
-    engine_args: video (bool), step_delay (s). A prompt containing FAIL fails that request only."""
+    engine_args: video (bool), gate_dir. A prompt containing FAIL fails that request only."""
 
     def __init__(self, ctx: EngineContext):
         self.model = ToyDenoiser().eval()
         self.video = bool(ctx.engine_args.get("video", False))
-        self.delay = float(ctx.engine_args.get("step_delay", 0.0))
+        self.gate_dir = ctx.engine_args.get("gate_dir")
         self.requests: dict[str, dict[str, Any]] = {}
 
     def add_request(self, request: StageRequest) -> None:
@@ -147,6 +149,7 @@ class ToyDiffusionEngine:
             "outputs": p.num_outputs,
             "fps": p.fps or 8,
             "fail": isinstance(request.prompt, str) and "FAIL" in request.prompt,
+            "gate": gate_of(request.prompt),
         }
 
     def add_chunk(self, request_id: str, inputs: dict[str, Any], last: bool) -> None:
@@ -155,14 +158,20 @@ class ToyDiffusionEngine:
     def abort(self, request_id: str) -> None:
         self.requests.pop(request_id, None)
 
+    def _waiting(self, req: dict[str, Any]) -> bool:
+        """Held before its last step at a gate the test has not opened."""
+        gate = req["gate"]
+        closed = gate is not None and not (self.gate_dir and Path(self.gate_dir, gate).exists())
+        return closed and req["step"] == req["total"] - 1
+
     def has_work(self) -> bool:
-        return bool(self.requests)
+        return any(not self._waiting(r) for r in self.requests.values())
 
     def step(self) -> list[StageOutput]:
-        if self.delay:
-            time.sleep(self.delay)
         outs = []
         for rid, req in list(self.requests.items()):
+            if self._waiting(req):
+                continue
             with torch.no_grad():
                 req["latent"] = req["latent"] - 0.1 * self.model.conv(req["latent"])
             req["step"] += 1
@@ -205,12 +214,15 @@ class ToyDiffusionEngine:
     def stats(self) -> dict[str, Any]:
         return {"num_requests": len(self.requests), "pid": os.getpid()}
 
+    def shutdown(self) -> None:
+        self.requests.clear()
+
 
 def make_diffusion(ctx: EngineContext) -> ToyDiffusionEngine:
     return ToyDiffusionEngine(ctx)
 
 
-def image_pipeline(step_delay: float = 0.0) -> PipelineSpec:
+def image_pipeline(gate_dir: str | None = None) -> PipelineSpec:
     stage = StageSpec(
         0,
         "dit",
@@ -218,12 +230,12 @@ def image_pipeline(step_delay: float = 0.0) -> PipelineSpec:
         final_output=True,
         output_modality="image",
         engine=make_diffusion,
-        engine_args={"step_delay": step_delay},
+        engine_args={"gate_dir": gate_dir},
     )
     return PipelineSpec(name="toy-image", stages=(stage,))
 
 
-def video_pipeline(step_delay: float = 0.0) -> PipelineSpec:
+def video_pipeline(gate_dir: str | None = None) -> PipelineSpec:
     stage = StageSpec(
         0,
         "dit",
@@ -231,7 +243,7 @@ def video_pipeline(step_delay: float = 0.0) -> PipelineSpec:
         final_output=True,
         output_modality="video",
         engine=make_diffusion,
-        engine_args={"video": True, "step_delay": step_delay},
+        engine_args={"video": True, "gate_dir": gate_dir},
     )
     return PipelineSpec(name="toy-video", stages=(stage,))
 
@@ -248,7 +260,7 @@ PIPELINES = {
     "toy-omni": speech_pipeline,
     "toy-image": image_pipeline,
     "toy-video": video_pipeline,
-    "tiny-flux1": lambda step_delay=0.0: diffusers_pipeline("tiny-flux1", "image"),
-    "tiny-wan21-t2v": lambda step_delay=0.0: diffusers_pipeline("tiny-wan21-t2v", "video"),
-    "tiny-stable-audio": lambda step_delay=0.0: diffusers_pipeline("tiny-stable-audio", "audio"),
+    "tiny-flux1": lambda gate_dir=None: diffusers_pipeline("tiny-flux1", "image"),
+    "tiny-wan21-t2v": lambda gate_dir=None: diffusers_pipeline("tiny-wan21-t2v", "video"),
+    "tiny-stable-audio": lambda gate_dir=None: diffusers_pipeline("tiny-stable-audio", "audio"),
 }
