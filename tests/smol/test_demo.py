@@ -13,8 +13,12 @@ pytestmark = pytest.mark.unit
 
 def test_demo_text_model_is_the_converted_smollm2(smol_gguf, smol_dir) -> None:
     assert smol_gguf.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
-    assert demo_model_dirs()[0] == smol_dir == converted_dir(smol_gguf)
-    assert smol_dir.name == "smollm2-135m-instruct"
+    spoken, voice = demo_model_dirs()[:2]
+    # The chat model speaks: the LLM and the voice under the LLM's name.
+    assert spoken.name == smol_dir.name == "smollm2-135m-instruct"
+    assert (spoken / "llm").resolve() == smol_dir.resolve() == converted_dir(smol_gguf).resolve()
+    assert resolve_pipeline(spoken)[0].name == "spoken_chat"
+    assert voice.name == "hibari-en" and resolve_pipeline(voice)[0].name == "hibari_tts"
     spec, info = resolve_pipeline(smol_dir)
     assert spec.name == "llm" and info.architectures == ["LlamaForCausalLM"]
     assert (smol_dir / "chat_template.jinja").exists()
