@@ -88,3 +88,71 @@ def test_the_global_cap_lowers_the_model_limit(demo, tmp_path):
     with TestClient(create_app({"wan-shapes": demo}, settings)) as client:
         body = {"model": "wan-shapes", "prompt": "a red circle", "size": "48x48"}
         assert_refused(client.post("/v1/images/generations", json=body), "size", "max_pixels of 1600")
+
+
+def wav(seconds: float, rate: int = 1000) -> bytes:
+    import numpy as np
+    import soundfile as sf
+
+    buffer = io.BytesIO()
+    sf.write(buffer, np.zeros(int(seconds * rate), dtype=np.float32), rate, format="WAV", subtype="PCM_16")
+    return buffer.getvalue()
+
+
+def png(side: int) -> bytes:
+    """Seeded noise: it does not compress, so the file grows with the side."""
+    import numpy as np
+
+    pixels = np.random.default_rng(0).integers(0, 256, (side, side, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_upload_and_audio_limits_of_a_toy_family(tmp_path):
+    """Upload bytes and input-audio seconds as a family declares them (the toy image pipeline re-declared)."""
+    import dataclasses
+
+    from omnistage.config.capabilities import Capabilities, Limits
+    from tests.serving.toy_pipelines import image_pipeline
+
+    caps = Capabilities(
+        routes=("chat", "images"),
+        prompt="text",
+        fields={"diffusion": (0,)},
+        limits=Limits(max_upload_bytes=4000, max_audio_seconds=1.0),
+    )
+    omni = AsyncOmni(dataclasses.replace(image_pipeline(), capabilities=caps), placement="inline")
+    try:
+        with TestClient(create_app({"toy": omni}, ServerSettings(storage_dir=tmp_path))) as client:
+            small, big = png(8), png(64)
+            assert len(small) < 4000 < len(big)
+            data = {"model": "toy", "prompt": "redder", "size": "16x16"}
+            ok = client.post("/v1/images/edits", data=data, files={"image": ("a.png", small, "image/png")})
+            assert ok.status_code == 200, ok.text
+            refused = client.post("/v1/images/edits", data=data, files={"image": ("a.png", big, "image/png")})
+            assert_refused(refused, "image", "max_upload_bytes of 4000")
+            for seconds, status in ((0.5, 200), (1.5, 400)):
+                part = {
+                    "type": "input_audio",
+                    "input_audio": {"data": base64.b64encode(wav(seconds)).decode()},
+                }
+                body = {"model": "toy", "messages": [{"role": "user", "content": [part]}]}
+                response = client.post("/v1/chat/completions", json=body)
+                assert response.status_code == status, response.text
+            assert_refused(response, "messages[0].content[0].input_audio.data", "max_audio_seconds of 1.0")
+    finally:
+        omni._close()
+
+
+def test_max_generated_image_size_flag():
+    import argparse
+
+    from omnistage.serving.cli_args import add_server_args
+
+    parser = argparse.ArgumentParser()
+    add_server_args(parser)
+    assert parser.parse_args(["--max-generated-image-size", "1024x768"]).max_image_pixels == 1024 * 768
+    assert parser.parse_args(["--max-image-pixels", "4096"]).max_image_pixels == 4096
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--max-generated-image-size", "big"])
