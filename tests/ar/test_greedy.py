@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import logging
 import random
 
 import pytest
@@ -28,13 +30,38 @@ def workload(seed: int = 0) -> tuple[list[list[int]], list[int]]:
     return prompts, arrivals
 
 
+class CountingKernels:
+    """The native kernels module, counting the calls made to each kernel."""
+
+    def __init__(self, ops):
+        self.ops = ops
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    def __getattr__(self, name: str):
+        kernel = getattr(self.ops, name)
+
+        def call(*args, **kwargs):
+            self.calls[name] += 1
+            return kernel(*args, **kwargs)
+
+        return call
+
+
 @pytest.mark.parametrize("kernels", ["native", "torch"])
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama"])
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama", "qwen3_moe"])
 @pytest.mark.parametrize("mode", ["prefix_cache", "no_prefix_cache", "preemption"])
-def test_greedy_matches_transformers(arch: str, mode: str, kernels: str, monkeypatch) -> None:
-    """`kernels="torch"`: the engine as it runs where the native kernels are not built (torch ops only)."""
+def test_greedy_matches_transformers(arch: str, mode: str, kernels: str, monkeypatch, caplog) -> None:
+    """`kernels="torch"`: the engine as it runs where the native kernels are not built (torch ops only);
+    `kernels="native"`: every native kernel the step uses is seen to run. The decoder path is logged once
+    at load, naming what runs."""
+    counting = None
     if kernels == "torch":
         monkeypatch.setattr(native, "kernels", lambda: None)
+    elif native.kernels() is None:
+        pytest.skip("the native kernels are not built on this CPU (no AVX-512 or no compiler)")
+    else:
+        counting = CountingKernels(native.kernels())
+        monkeypatch.setattr(native, "kernels", lambda: counting)
     prompts, arrivals = workload()
     deploy = {}
     engine_args = {"enable_prefix_caching": mode != "no_prefix_cache", "block_size": 8}
@@ -44,9 +71,16 @@ def test_greedy_matches_transformers(arch: str, mode: str, kernels: str, monkeyp
             engine_args["block_size"] * 2 * 2 * 2 * 16 * 4
         )  # tokens * (k, v) * layers * kv heads * dim * fp32
         deploy["kv_cache_bytes"] = 25 * per_block
-    engine = make_engine(arch, engine_args=engine_args, **deploy)
+    with caplog.at_level(logging.INFO, logger="omnistage.stages.ar.model_runner"):
+        engine = make_engine(arch, engine_args=engine_args, **deploy)
+    (path,) = [r.getMessage() for r in caplog.records if "AR decoder path" in r.getMessage()]
+    layer = type(engine.model.decoder.layers[0]).__name__
+    assert f"lean decoder over 2 {layer} layers" in path
     if kernels == "torch":
-        assert getattr(engine.runner.decoder, "native_ops", None) is None
+        assert engine.runner.decoder.native_ops is None
+        assert "pointwise on torch ops (the native kernels are not built here); attention: torch SDPA" in path
+    else:
+        assert "pointwise on native kernels; attention: native paged decode and cache write" in path
     requests = [
         StageRequest(f"r{i}", prompt=p, params=SamplingParams(temperature=0.0, max_tokens=MAX_NEW))
         for i, p in enumerate(prompts)
@@ -66,3 +100,8 @@ def test_greedy_matches_transformers(arch: str, mode: str, kernels: str, monkeyp
     if mode == "preemption":
         assert stats["num_preemptions"] > 0
     assert stats["peak_running"] > 1
+    if counting is not None:
+        used = {"paged_decode", "write_cache", "rms_norm", "add_rms_norm", "rotary_"}
+        used |= {"silu_mul"} if arch != "qwen3_moe" else set()  # experts run as the model runs them
+        assert {name for name, n in counting.calls.items() if n > 0} == used
+        assert counting.calls["add_rms_norm"] == 2 * 2 * counting.calls["rms_norm"]  # 2 per layer, 2 layers

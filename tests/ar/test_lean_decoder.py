@@ -3,6 +3,8 @@ rounding through the native pointwise kernels."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -28,7 +30,7 @@ def recorded(decoder, log: list[torch.Tensor]):
 
 
 @pytest.mark.parametrize("pointwise", ["torch", "native"])
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3", "qwen3_moe"])
 def test_lean_decoder_equals_the_models_forward(arch: str, pointwise: str) -> None:
     """Every step's last hidden states (prefill chunks and decode rows of up to 16 sequences, through the
     paged cache) are identical with the lean stack on torch ops and with transformers' forward; through the
@@ -71,7 +73,8 @@ def test_fused_packed_linears_equal_the_separate_ones() -> None:
         (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
         (layer.mlp.gate_proj, layer.mlp.up_proj),
     ]
-    qkv, gate_up = engine.runner.decoder.layers[0][5:7]
+    lean_layer = engine.runner.decoder.layers[0]
+    qkv, gate_up = lean_layer.qkv, lean_layer.gate_up
     for joint, linears in zip((qkv, gate_up), groups, strict=True):
         for rows in (1, 8, 37, PACKED_MAX_ROWS):
             gen = torch.Generator().manual_seed(rows)
@@ -109,7 +112,19 @@ def test_half_linears_are_packed_exactly_where_the_cpu_computes_them_natively(dt
             torch.testing.assert_close(got, want, rtol=1.6e-2, atol=1e-2)
 
 
-def test_unknown_layers_keep_the_models_forward() -> None:
-    """Qwen3 normalises q and k per head, which the lean stack does not: the engine calls the model."""
-    engine = make_engine("qwen3")
+def test_unknown_layers_keep_the_models_forward(caplog) -> None:
+    """A layer type the lean stack does not know (here Qwen3-MoE's, renamed) keeps the model's own forward,
+    and the log line at load says so and why."""
+    from transformers.models.qwen3_moe import modeling_qwen3_moe
+
+    class OtherDecoderLayer(modeling_qwen3_moe.Qwen3MoeDecoderLayer):
+        pass
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(modeling_qwen3_moe, "Qwen3MoeDecoderLayer", OtherDecoderLayer)
+        with caplog.at_level(logging.INFO, logger="omnistage.stages.ar.model_runner"):
+            engine = make_engine("qwen3_moe")
     assert engine.runner.decoder is engine.model.decoder
+    lines = [r.getMessage() for r in caplog.records if "AR decoder path" in r.getMessage()]
+    assert len(lines) == 1
+    assert "the model's own forward" in lines[0] and "OtherDecoderLayer is not a known layer type" in lines[0]

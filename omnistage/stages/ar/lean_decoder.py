@@ -1,4 +1,5 @@
-"""The decoder stack of Llama/Qwen2-family models, evaluated without transformers' per-call machinery.
+"""The decoder stack of Llama/Qwen2/Qwen3(-MoE)-family models, evaluated without transformers' per-call
+machinery.
 
 At decode batch sizes a small model's step pays for Python around its tensor ops: the decorated `forward`
 of the model (output capture, config defaults, deprecation shims, causal-mask dispatch), then per layer six
@@ -9,7 +10,9 @@ model's forward (tested bit for bit). On the Qwen2.5-Omni benchmark talker (4 la
 sequences) a decode step takes 7.6 ms this way against 8.1-8.9 ms through the model's forward.
 
 Only layer types whose arithmetic is known are run this way (`supports`); anything else keeps the model's
-own forward.
+own forward (the engine logs which, and why, at load: `describe`). Qwen3's per-head q/k norms run as the
+model's own norm modules, and a mixture-of-experts block (Qwen3-MoE) is called as the model calls it: the
+lean stack saves the Python around it, not the experts' own dispatch.
 
 Where the native kernels are built (native.py: AVX-512 CPUs) and every joint GEMM is packed, each layer's
 pointwise work runs as four native calls instead of some thirty torch ops: RMS norm fused with the residual
@@ -21,6 +24,7 @@ equal transformers' (tested). `native_ops = None` keeps the torch ops.
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from typing import Any
 
@@ -32,12 +36,15 @@ from omnistage.stages.ar import native
 from omnistage.stages.ar.attention import paged_attention_forward
 from omnistage.stages.ar.packed_linear import Joint, JointLinear, fuse_packed
 
-# (decoder layer, attention, RMS norm) classes whose forward is: pre-norm attention with rotary q/k, a
-# residual, pre-norm gated MLP, a residual; RMS norm = weight * x * rsqrt(mean(x²) + eps).
+# (decoder layer, attention, RMS norm, mixture-of-experts block or None) classes whose forward is: pre-norm
+# attention with rotary q/k (Qwen3: each head's q and k RMS-normed first), a residual, a pre-norm MLP (gated
+# SiLU, or the named experts block, called as is), a residual; RMS norm = weight * x * rsqrt(mean(x²) + eps).
 KNOWN_LAYERS = {
-    "Qwen2_5OmniDecoderLayer": ("Qwen2_5OmniAttention", "Qwen2_5OmniRMSNorm"),
-    "Qwen2DecoderLayer": ("Qwen2Attention", "Qwen2RMSNorm"),
-    "LlamaDecoderLayer": ("LlamaAttention", "LlamaRMSNorm"),
+    "Qwen2_5OmniDecoderLayer": ("Qwen2_5OmniAttention", "Qwen2_5OmniRMSNorm", None),
+    "Qwen2DecoderLayer": ("Qwen2Attention", "Qwen2RMSNorm", None),
+    "LlamaDecoderLayer": ("LlamaAttention", "LlamaRMSNorm", None),
+    "Qwen3DecoderLayer": ("Qwen3Attention", "Qwen3RMSNorm", None),
+    "Qwen3MoeDecoderLayer": ("Qwen3MoeAttention", "Qwen3MoeRMSNorm", "Qwen3MoeSparseMoeBlock"),
 }
 
 
@@ -67,12 +74,12 @@ def unsupported(model: Any) -> str | None:
         attn, mlp = layer.self_attn, layer.mlp
         if type(attn).__name__ != known[0] or getattr(attn, "sliding_window", None) is not None:
             return f"{name}: attention {type(attn).__name__} (or a sliding window)"
-        norms = (layer.input_layernorm, layer.post_attention_layernorm, model.norm)
+        norms = [layer.input_layernorm, layer.post_attention_layernorm, model.norm]
+        norms += [n for n in (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)) if n is not None]
         if any(type(n).__name__ != known[1] for n in norms):
             return f"{name}: norms other than {known[1]}"
-        act = getattr(mlp, "act_fn", None)
-        if not isinstance(act, torch.nn.SiLU) and type(act).__name__ != "SiLUActivation":
-            return f"{name}: MLP {type(mlp).__name__} is not a SiLU-gated MLP"
+        if not _gated_silu(mlp) and type(mlp).__name__ != known[2]:
+            return f"{name}: MLP {type(mlp).__name__} is neither a SiLU-gated MLP nor {known[2] or 'experts'}"
     return None
 
 
@@ -90,6 +97,21 @@ def describe(made: Any, decoder: Any) -> str:
     return f"{path}; attention: {attention}"
 
 
+@dataclasses.dataclass
+class _Layer:
+    """One decoder layer's parts as the lean stack calls them."""
+
+    norm_in: torch.nn.Module
+    attn: torch.nn.Module
+    norm_post: torch.nn.Module
+    mlp: torch.nn.Module
+    head_dim: int
+    qkv: Joint
+    gate_up: Joint | None  # None: the MLP is called as the model calls it (a mixture of experts)
+    q_norm: torch.nn.Module | None  # Qwen3's per-head RMS norms of q and k, before rotary
+    k_norm: torch.nn.Module | None
+
+
 class LeanDecoder:
     """Called as the model is by the engine: `(inputs_embeds=[1, T, H], position_ids=..., **kwargs)` →
     an object with `.last_hidden_state`. `input_proj` (optional) maps the inputs first."""
@@ -97,18 +119,7 @@ class LeanDecoder:
     def __init__(self, model: Any, input_proj: torch.nn.Module | None = None):
         self.model = model
         self.input_proj = input_proj
-        self.layers = [
-            (
-                layer.input_layernorm,
-                layer.self_attn,
-                layer.post_attention_layernorm,
-                layer.mlp,
-                int(layer.self_attn.head_dim),
-                _joint(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
-                _joint(layer.mlp.gate_proj, layer.mlp.up_proj),
-            )
-            for layer in model.layers
-        ]
+        self.layers = [_layer(layer) for layer in model.layers]
         self.norms = [layer.input_layernorm for layer in model.layers] + [model.norm]
         self.native_reason = self._native_reason()
         self.native_ops = native.kernels() if self.native_reason is None else None
@@ -116,9 +127,9 @@ class LeanDecoder:
     def _native_reason(self) -> str | None:
         """Why the native kernels do not apply to every layer (None: they do). They need to be built here,
         packed joint GEMMs, and norm weights of one float32/bf16 dtype on the CPU."""
-        weights = [n.weight for n in self.norms] + [layer[2].weight for layer in self.layers]
+        weights = [n.weight for n in self.norms] + [layer.norm_post.weight for layer in self.layers]
         dtypes = {w.dtype for w in weights}
-        joints = [j for layer in self.layers for j in layer[5:7]]
+        joints = [j for layer in self.layers for j in (layer.qkv, layer.gate_up) if j is not None]
         if native.kernels() is None:
             return "the native kernels are not built here"
         if len(dtypes) != 1 or next(iter(dtypes)) not in native.DTYPES:
@@ -147,17 +158,24 @@ class LeanDecoder:
             last = self._native_forward(h, cos, sin, kwargs, hidden_layers, seen)
             return types.SimpleNamespace(last_hidden_state=last, hidden_states=seen)
         batch, length, _ = h.shape
-        for i, (norm_in, attn, norm_post, mlp, head_dim, qkv, gate_up) in enumerate(self.layers):
+        for i, layer in enumerate(self.layers):
             if hidden_layers and i in hidden_layers:
                 seen[i] = h
-            x = norm_in.forward(h)
-            q, k, v = (part.view(batch, length, -1, head_dim).transpose(1, 2) for part in qkv(x))
+            attn, dim = layer.attn, layer.head_dim
+            x = layer.norm_in.forward(h)
+            q, k, v = (part.view(batch, length, -1, dim) for part in layer.qkv(x))
+            if layer.q_norm is not None:
+                q, k = layer.q_norm.forward(q), layer.k_norm.forward(k)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
             out, _ = paged_attention_forward(attn, q, k, v, None, scaling=attn.scaling, **kwargs)
             h = h + attn.o_proj.forward(out.reshape(batch, length, -1).contiguous())
-            x = norm_post.forward(h)
-            gate, up = gate_up(x)
-            h = h + mlp.down_proj.forward(F.silu(gate) * up)
+            x = layer.norm_post.forward(h)
+            if layer.gate_up is None:
+                h = h + layer.mlp(x)
+                continue
+            gate, up = layer.gate_up(x)
+            h = h + layer.mlp.down_proj.forward(F.silu(gate) * up)
         return types.SimpleNamespace(last_hidden_state=self.model.norm.forward(h), hidden_states=seen)
 
     def _native_forward(
@@ -170,28 +188,68 @@ class LeanDecoder:
         seen: dict[int, torch.Tensor],
     ) -> torch.Tensor:
         """The same layers through the native pointwise kernels; each residual add is fused with the norm
-        that follows it (the next layer's input norm, and the final norm after the last layer)."""
+        that follows it (the next layer's input norm, and the final norm after the last layer). Qwen3's q/k
+        norms and a mixture-of-experts MLP stay torch ops."""
         ops = self.native_ops
         batch, length, _ = h.shape
         cos, sin = cos.contiguous(), sin.contiguous()
         h = h.contiguous()
         x = ops.rms_norm(h, self.norms[0].weight, self.norms[0].variance_epsilon)
-        for i, ((_, attn, norm_post, mlp, head_dim, qkv, gate_up), norm_next) in enumerate(
-            zip(self.layers, self.norms[1:], strict=True)
-        ):
+        for i, (layer, norm_next) in enumerate(zip(self.layers, self.norms[1:], strict=True)):
             if hidden_layers and i in hidden_layers:
                 seen[i] = h
+            attn, dim, qkv = layer.attn, layer.head_dim, layer.qkv
             fused = qkv.whole(x)
-            ops.rotary_(fused, cos, sin, (qkv.widths[0] + qkv.widths[1]) // head_dim, head_dim)
+            if layer.q_norm is not None:
+                _norm_heads_(fused, qkv.widths, dim, layer.q_norm, layer.k_norm)
+            ops.rotary_(fused, cos, sin, (qkv.widths[0] + qkv.widths[1]) // dim, dim)
             q, k, v = (
-                part.view(batch, length, -1, head_dim).transpose(1, 2) for part in fused.split(qkv.widths, -1)
+                part.view(batch, length, -1, dim).transpose(1, 2) for part in fused.split(qkv.widths, -1)
             )
             out, _ = paged_attention_forward(attn, q, k, v, None, scaling=attn.scaling, **kwargs)
             attended = attn.o_proj.forward(out.reshape(batch, length, -1).contiguous())
-            h, x = ops.add_rms_norm(h, attended, norm_post.weight, norm_post.variance_epsilon)
-            mixed = mlp.down_proj.forward(ops.silu_mul(gate_up.whole(x)))
+            h, x = ops.add_rms_norm(h, attended, layer.norm_post.weight, layer.norm_post.variance_epsilon)
+            if layer.gate_up is None:
+                mixed = layer.mlp(x).contiguous()
+            else:
+                mixed = layer.mlp.down_proj.forward(ops.silu_mul(layer.gate_up.whole(x)))
             h, x = ops.add_rms_norm(h, mixed, norm_next.weight, norm_next.variance_epsilon)
         return x
+
+
+def _norm_heads_(
+    fused: torch.Tensor, widths: list[int], dim: int, q_norm: torch.nn.Module, k_norm: torch.nn.Module
+) -> None:
+    """Qwen3's per-head q and k norms, in place on the q/k/v GEMM's output (before rotary, as the model)."""
+    q_width, k_width = widths[0], widths[1]
+    shape = (*fused.shape[:-1], -1, dim)
+    q = fused[..., :q_width]
+    k = fused[..., q_width : q_width + k_width]
+    q.copy_(q_norm.forward(q.view(shape)).view(q.shape))
+    k.copy_(k_norm.forward(k.view(shape)).view(k.shape))
+
+
+def _layer(layer: torch.nn.Module) -> _Layer:
+    attn, mlp = layer.self_attn, layer.mlp
+    gated = _gated_silu(mlp)
+    return _Layer(
+        norm_in=layer.input_layernorm,
+        attn=attn,
+        norm_post=layer.post_attention_layernorm,
+        mlp=mlp,
+        head_dim=int(attn.head_dim),
+        qkv=_joint(attn.q_proj, attn.k_proj, attn.v_proj),
+        gate_up=_joint(mlp.gate_proj, mlp.up_proj) if gated else None,
+        q_norm=getattr(attn, "q_norm", None),
+        k_norm=getattr(attn, "k_norm", None),
+    )
+
+
+def _gated_silu(mlp: torch.nn.Module) -> bool:
+    """down(silu(gate(x)) * up(x)), the MLP the lean stack computes itself."""
+    act = getattr(mlp, "act_fn", None)
+    silu = isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"
+    return silu and all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj"))
 
 
 def _joint(*linears: torch.nn.Module) -> Joint:
