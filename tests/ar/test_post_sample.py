@@ -99,9 +99,10 @@ def test_hook_failure_fails_only_its_request() -> None:
     batch is retried one sequence at a time, and the others equal their runs alone."""
     prompts, _ = workload(seed=4)
     prompts = prompts[:4]
-    results, _ = run(talker(), requests(prompts, explode={2}))
+    results, deltas = run(talker(), requests(prompts, explode={2}))
     assert results["r2"].finish_reason == "error"
-    solo = alone([p for i, p in enumerate(prompts)])
+    assert "code predictor exploded" in deltas["r2"][-1].error
+    solo = alone(prompts)
     for rid in ("r0", "r1", "r3"):
         assert results[rid].finish_reason in ("stop", "length")
         assert results[rid].token_ids == solo[rid][0]

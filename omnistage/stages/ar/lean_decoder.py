@@ -97,7 +97,7 @@ def describe(made: Any, decoder: Any) -> str:
     return f"{path}; attention: {attention}"
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class _Layer:
     """One decoder layer's parts as the lean stack calls them."""
 
