@@ -284,7 +284,7 @@ class AREngine:
         """Run the family's hook on the step's sampled sequences, then append their tokens with the frames
         and next embeddings it made; a sequence the hook failed fails its request."""
         step = SampledStep(
-            token_ids=torch.tensor(tokens, dtype=torch.long),
+            token_ids=torch.tensor(tokens, dtype=torch.long, device=self.device),
             hidden=hidden,
             steps=[seq.num_output_tokens for seq in seqs],
             inputs=[seq.request.inputs for seq in seqs],

@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 class SampledStep:
     """A step's sampled sequences, row i for each."""
 
-    token_ids: torch.Tensor  # [S] long: the sampled tokens (codebook 0 of a frame)
+    token_ids: torch.Tensor  # [S] long, on the model's device: the sampled tokens (codebook 0 of a frame)
     hidden: torch.Tensor  # [S, H] the last-layer hidden state each token was sampled from
     steps: list[int]  # each token's index among its sequence's generated tokens (0: the first)
     inputs: list[dict[str, Any]]  # each sequence's request inputs (streamed chunks merged)
