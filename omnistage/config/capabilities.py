@@ -76,6 +76,11 @@ class Capabilities:
     fields: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     limits: Limits = Limits()
     voices: tuple[str, ...] = ()
+    # The speed range the model speaks at itself (the speech prompt's `speed`); None: the server changes
+    # the finished audio's speed (OpenAI's 0.25-4.0; not while streaming).
+    speed_range: tuple[float, float] | None = None
+    # Whether the model speaks in an uploaded voice (voice cloning); one that cannot refuses them.
+    clones_voices: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "routes", tuple(self.routes))

@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 import torch
 
-from omnistage.config.capabilities import Capabilities, Limits
+from omnistage.config.capabilities import Capabilities
 from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
 from omnistage.errors import InvalidRequestError
 from omnistage.outputs import StageOutput
@@ -45,7 +45,7 @@ OPENAI_VOICES = (
     "verse",
 )
 VOICES = (BUNDLED_VOICE, *OPENAI_VOICES)
-MAX_INPUT_CHARS = 4096  # the OpenAI API's limit on `input`
+SPEED_RANGE = (0.5, 2.0)  # the voice's own (models/hibari/voice.py)
 
 
 # ---- processors (they run in the voice stage's process, next to the G2P) -------------------------------
@@ -58,7 +58,8 @@ def speech_input(ctx: StageInputContext) -> StageRequest:
         raise InvalidRequestError(
             "input: the voice found nothing it can say in this text (it speaks English)"
         )
-    return StageRequest(ctx.request_id, params=voice_params(ctx), inputs={"codes": frames})
+    phonemes = [int(i) for i in frames.flatten() if int(i) >= 0]  # the model's input tokens (usage)
+    return StageRequest(ctx.request_id, prompt=phonemes, params=voice_params(ctx), inputs={"codes": frames})
 
 
 def reply_input(ctx: StageInputContext) -> StageRequest:
@@ -130,7 +131,7 @@ HIBARI_TTS = registry.register(
             prompt="speech",
             fields={"generation": (0,)},
             voices=VOICES,
-            limits=Limits(max_input_tokens=None),
+            speed_range=SPEED_RANGE,
         ),
     )
 )

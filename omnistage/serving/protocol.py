@@ -153,7 +153,7 @@ AudioFormat = Literal["wav", "pcm", "flac", "mp3", "opus"]
 
 class SpeechRequest(OpenAIModel):
     model: str | None = None
-    input: str
+    input: str = Field(max_length=4096)  # the OpenAI API's limit
     voice: str | dict[str, Any] | None = None
     speaker: str | None = None
     instructions: str | None = Field(None, max_length=4096)

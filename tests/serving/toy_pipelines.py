@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
-from omnistage.outputs import StageOutput
+from omnistage.outputs import Progress, StageOutput
 from omnistage.params import DiffusionParams
 from omnistage.stages.base import EngineContext, StageInputContext, StageRequest
 from tests.runtime.toy_stages import GEN, gate_of, make_map, make_vocoder, tokens_chunk, tokens_to_map_request
@@ -175,11 +175,11 @@ class ToyDiffusionEngine:
             with torch.no_grad():
                 req["latent"] = req["latent"] - 0.1 * self.model.conv(req["latent"])
             req["step"] += 1
-            progress = {"step": req["step"], "total": req["total"]}
+            progress = Progress(req["step"], req["total"])
             if req["fail"] and req["step"] == req["total"]:
                 outs.append(self._failure(rid))
             elif req["step"] < req["total"]:
-                outs.append(StageOutput(rid, data={"progress": progress}))
+                outs.append(StageOutput(rid, progress=progress))
             else:
                 outs.append(self._decode(rid, req, progress))
             if req["step"] >= req["total"]:
@@ -195,15 +195,15 @@ class ToyDiffusionEngine:
             error_type="ValueError",
         )
 
-    def _decode(self, rid: str, req: dict[str, Any], progress: dict[str, int]) -> StageOutput:
+    def _decode(self, rid: str, req: dict[str, Any], progress: Progress) -> StageOutput:
         pixels = ((torch.tanh(req["latent"]) + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8)
         pixels = pixels.permute(0, 2, 3, 1).contiguous()  # [N*F, H, W, 3]
+        out = StageOutput(rid, progress=progress, finished=True, finish_reason="stop")
         if self.video:
-            tensors = {"video": pixels.reshape(req["outputs"], -1, *pixels.shape[1:])}
-            data = {"progress": progress, "fps": req["fps"]}
+            out.video, out.fps = pixels.reshape(req["outputs"], -1, *pixels.shape[1:]), req["fps"]
         else:
-            tensors, data = {"images": pixels}, {"progress": progress}
-        return StageOutput(rid, tensors=tensors, data=data, finished=True, finish_reason="stop")
+            out.images = pixels
+        return out
 
     def sleep(self, level: int = 1) -> None:
         pass

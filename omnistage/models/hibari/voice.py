@@ -12,7 +12,9 @@ whole, sentence by sentence, or as it streams in from an LLM gives the same samp
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
+import re
 from collections.abc import Generator as Steps
 from typing import Any
 
@@ -25,8 +27,10 @@ PACKAGE = "hibari-tts"
 PACKAGE_VERSION = "0.2.1"
 BUNDLED_VOICE = "heart"  # the only voice inside the wheel; any other would be downloaded (never, here)
 SAMPLE_RATE = 24000
-SPEED_RANGE = (0.5, 2.0)
+SPEED_RANGE = (0.5, 2.0)  # pipelines/hibari.py declares it to the server
 PAD = -1  # sentence rows are phoneme ids padded to one width
+_LONG_NUMBER = re.compile(r"\d{13,}")
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +77,13 @@ class HibariVoice:
     # ---- text → frames (runs in the input processors, in this stage's process) ------------------------
     def sentence_rows(self, text: str) -> torch.Tensor:
         """One padded row of phoneme ids per sentence the model will speak (none for text it cannot say)."""
-        rows = [self.tts.ids(phonemes) for phonemes in self.tts.phonemize(text)]
+        text = _LONG_NUMBER.sub(lambda m: " ".join(m.group()), text)  # hibari's numbers stop at 10**15
+        try:
+            phonemized = self.tts.phonemize(text)
+        except Exception:  # noqa: BLE001 - its G2P on odd text; one unsayable unit must not fail a reply
+            logger.warning("the voice cannot phonemize %r; skipping it", text[:80], exc_info=True)
+            phonemized = []
+        rows = [self.tts.ids(phonemes) for phonemes in phonemized]
         rows = [ids for ids in rows if len(ids) > 2]
         frames = torch.full((len(rows), self.width), PAD, dtype=torch.long)
         for i, ids in enumerate(rows):

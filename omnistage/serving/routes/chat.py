@@ -102,6 +102,12 @@ def _plan(
         )
         return [(chat.last_user_text(), params)]
     voice = body.audio.voice if body.audio and isinstance(body.audio.voice, str) else None
+    voices = model.capabilities.voices
+    if voice and voices and "audio" in (body.modalities or ["audio"]) and voice not in voices:
+        raise InvalidRequestError(
+            f"audio.voice: unknown voice {voice!r}; model {model.name!r} has {list(voices)}",
+            param="audio.voice",
+        )
     prompt = chat.as_prompt(speaker=body.speaker or body.voice or voice)
     check_chat_tokens(model, chat.messages, limits)
     diffusion = diffusion_fields(body, seed=body.seed)  # an AR → DiT pipeline's DiT

@@ -39,13 +39,19 @@ logger = logging.getLogger(__name__)
 router = APIRouter()
 
 
-def _validate(body: SpeechRequest) -> None:
+def _validate(body: SpeechRequest, model: ServedModel) -> None:
     if body.streaming and body.response_format not in ("pcm", "wav"):
         raise SchemaError(
             "response_format: streaming (stream=true or stream_format) requires 'pcm' or 'wav'",
             param="response_format",
         )
-    if body.streaming and body.speed != 1.0:
+    speeds = model.capabilities.speed_range
+    if speeds is not None and not speeds[0] <= body.speed <= speeds[1]:
+        raise InvalidRequestError(
+            f"speed: model {model.name!r} speaks at speeds in [{speeds[0]}, {speeds[1]}], got {body.speed}",
+            param="speed",
+        )
+    if speeds is None and body.streaming and body.speed != 1.0:
         raise SchemaError("speed: streaming requires speed 1.0", param="speed")
     if not body.input.strip():
         raise InvalidRequestError("input: Input text cannot be empty", param="input")
@@ -69,6 +75,8 @@ def _request(body: SpeechRequest, model: ServedModel, ctx: ServerContext) -> tup
     prompt = {"task": "speech", "input": body.input, "messages": [{"role": "user", "content": body.input}]}
     extras = {"speaker": voice, "instructions": body.instructions, "language": body.language}
     prompt.update({k: v for k, v in extras.items() if v})
+    if caps.speed_range is not None:  # the model speaks at the asked speed itself
+        prompt["speed"] = body.speed
     sampling = {**seed, **({"max_tokens": body.max_new_tokens} if body.max_new_tokens is not None else {})}
     params = build_stage_params(
         model,
@@ -107,8 +115,8 @@ def _usage_headers(usage: dict[str, Any]) -> dict[str, str]:
 
 @router.post("/v1/audio/speech")
 async def create_speech(body: SpeechRequest, request: Request, ctx: ServerContext = Depends(get_context)):
-    _validate(body)
     model = ctx.models.get(body.model, produces=["audio"], route="/v1/audio/speech", serves="speech")
+    _validate(body, model)
     prompt, params = _request(body, model, ctx)
     stream = generate(model, ctx.metrics, prompt, params, f"speech-{uuid.uuid4().hex}", ["audio"])
     if not body.streaming:
@@ -117,7 +125,8 @@ async def create_speech(body: SpeechRequest, request: Request, ctx: ServerContex
         if samples is None:
             raise OmniError("the model did not produce audio")
         rate = sample_rate_of(out)
-        samples = change_speed(samples, rate, body.speed)
+        if model.capabilities.speed_range is None:
+            samples = change_speed(samples, rate, body.speed)
         if body.sample_rate:
             samples, rate = resample(samples, rate, body.sample_rate), body.sample_rate
         data, rate = encode_audio(samples, rate, body.response_format)

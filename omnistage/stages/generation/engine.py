@@ -76,6 +76,7 @@ class _Request:
     emitted: int = 0  # frames whose output has been sent
     complete: bool = False
     in_flight: bool = False  # inside a pass that has not finished
+    reported: bool = False  # an output has been sent
 
     def inputs(self) -> torch.Tensor:
         if len(self.frames) > 1:
@@ -239,11 +240,15 @@ class GenerationEngine:
             state.in_flight = False
 
     def _output(self, rid: str, state: _Request, end: int, piece: torch.Tensor) -> StageOutput:
-        state.emitted = end
+        first = not state.reported
+        state.emitted, state.reported = end, True
         done = state.complete and state.emitted >= state.available
         if done:
             del self.requests[rid]
         out = StageOutput(rid, finished=done, finish_reason="stop" if done else None)
+        prompt = state.request.prompt
+        if first and isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            out.prompt_token_ids = list(prompt)  # a token prompt (e.g. a voice's phonemes), for usage
         if self.output_key == "audio":
             out.audio, out.sample_rate = piece, self.generator.sample_rate
         elif self.output_key == "codes":
