@@ -26,6 +26,7 @@ AUDIO_CONTENT_TYPES = {
     "flac": "audio/flac",
     "mp3": "audio/mpeg",
     "opus": "audio/opus",
+    "aac": "audio/aac",
 }
 # libsndfile containers and the sample rates their codecs accept (None: any).
 _SOUNDFILE_FORMATS = {
@@ -128,6 +129,8 @@ def encode_audio(samples: np.ndarray, sample_rate: int, fmt: str) -> tuple[bytes
         return pcm16(samples), sample_rate
     if fmt == "wav":
         return wav_bytes(samples, sample_rate), sample_rate
+    if fmt == "aac":
+        return _aac(samples, sample_rate), sample_rate
     container, subtype, rates = _SOUNDFILE_FORMATS[fmt]
     if rates is not None and sample_rate not in rates:
         samples, sample_rate = resample(samples, sample_rate, 48000), 48000
@@ -135,6 +138,21 @@ def encode_audio(samples: np.ndarray, sample_rate: int, fmt: str) -> tuple[bytes
     # Quantize once, our way, so every format carries the same 16-bit samples as `pcm` and `wav`.
     sf.write(buf, np.frombuffer(pcm16(samples), "<i2"), sample_rate, format=container, subtype=subtype)
     return buf.getvalue(), sample_rate
+
+
+def _aac(samples: np.ndarray, sample_rate: int) -> bytes:
+    """AAC in an ADTS stream (what `audio/aac` means), encoded by FFmpeg through PyAV from the same 16-bit
+    samples as every other format."""
+    quantized = np.frombuffer(pcm16(samples), "<i2").astype(np.float32) / 32767.0
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="adts") as container:
+        stream = container.add_stream("aac", rate=sample_rate)
+        stream.layout = "mono"
+        frame = av.AudioFrame.from_ndarray(quantized[None, :], format="fltp", layout="mono")
+        frame.sample_rate = sample_rate
+        for packet in (*stream.encode(frame), *stream.encode(None)):
+            container.mux(packet)
+    return buf.getvalue()
 
 
 # ---- arrays and data URLs ------------------------------------------------------------------------

@@ -66,6 +66,12 @@ class ServerMetrics:
         self.stage_queue = Gauge(
             "omnistage_stage_queue_depth", "Requests waiting in a stage engine", labels, registry=r
         )
+        self.stage_started = Gauge(
+            "omnistage_stage_requests_started",
+            "Requests a stage has been given since it started",
+            labels,
+            registry=r,
+        )
         self.stage_kv = Gauge(
             "omnistage_stage_kv_cache_usage", "KV-cache fraction in use (AR stages)", labels, registry=r
         )
@@ -78,13 +84,14 @@ class ServerMetrics:
 
     def observe_stages(self, model: str, stats: dict[str, Any], health: dict[str, Any]) -> None:
         """Refresh the per-stage gauges from `AsyncOmni.stats()` and `health()`."""
-        for gauge in (self.stage_requests, self.stage_queue, self.stage_kv):
+        for gauge in (self.stage_requests, self.stage_queue, self.stage_kv, self.stage_started):
             _drop_model(gauge, model)
         names = {s.get("stage_id"): s.get("name", "") for s in health.get("stages", [])}
         for entry in _stage_entries(stats):
             stage_id = entry.get("stage_id")
             labels = (model, str(stage_id), str(names.get(stage_id, "")), str(entry.get("replica", 0)))
             self.stage_requests.labels(*labels).set(float(entry.get("num_requests", 0) or 0))
+            self.stage_started.labels(*labels).set(float(entry.get("requests_started", 0) or 0))
             queue = _first(entry, QUEUE_KEYS)
             if queue is not None:
                 self.stage_queue.labels(*labels).set(float(queue))

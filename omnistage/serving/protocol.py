@@ -148,7 +148,7 @@ class CompletionRequest(SamplingFields):
 
 
 # ---- speech ----------------------------------------------------------------------------------------
-AudioFormat = Literal["wav", "pcm", "flac", "mp3", "opus"]
+AudioFormat = Literal["wav", "pcm", "flac", "mp3", "opus", "aac"]
 
 
 class SpeechRequest(OpenAIModel):

@@ -112,3 +112,14 @@ def test_decode_audio_reads_mp3_and_returns_mono():
     samples, rate = media.decode_audio(buf.getvalue(), param="a")
     assert rate == RATE and samples.ndim == 1
     assert abs(dominant_frequency(samples, rate) - 440.0) < 5.0
+
+
+def test_aac_is_an_adts_stream_of_the_same_tone():
+    samples = tone()
+    data, rate = media.encode_audio(samples, RATE, "aac")
+    assert rate == RATE and data[:2] in (b"\xff\xf1", b"\xff\xf9")  # an ADTS sync word
+    with av.open(io.BytesIO(data), format="adts") as container:
+        assert container.streams.audio[0].codec_context.name == "aac"
+        decoded = np.concatenate([f.to_ndarray().reshape(-1) for f in container.decode(audio=0)])
+    assert abs(len(decoded) - len(samples)) < 0.1 * RATE  # AAC pads its priming and last frame
+    assert abs(dominant_frequency(decoded, rate) - 440.0) < 5.0
