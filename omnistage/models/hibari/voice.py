@@ -51,11 +51,20 @@ def load_hibari(threads: int = 1) -> Any:
             f"the demo voice needs the PyPI package {PACKAGE}; `pip install {PACKAGE}=={PACKAGE_VERSION}` "
             "(`make setup` does)"
         ) from None
-    # onnxruntime would otherwise leave a cache under ~/.cache/Microsoft.
-    os.environ.setdefault("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache", "omnistage"))
-    return Hibari(
-        voice=BUNDLED_VOICE, model=voice_path(BUNDLED_VOICE, download_missing=False), threads=threads
-    )
+    from omnistage.demo.cache import cache_root
+
+    # onnxruntime writes a folder under $XDG_CACHE_HOME (~/.cache/Microsoft) as it makes the session: point
+    # it into omnistage's cache for that moment only (the variable also decides omnistage's own cache).
+    before = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(cache_root())
+    try:
+        model = voice_path(BUNDLED_VOICE, download_missing=False)
+        return Hibari(voice=BUNDLED_VOICE, model=model, threads=threads)
+    finally:
+        if before is None:
+            del os.environ["XDG_CACHE_HOME"]
+        else:
+            os.environ["XDG_CACHE_HOME"] = before
 
 
 class HibariVoice:
