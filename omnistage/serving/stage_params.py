@@ -27,6 +27,7 @@ PRIVATE_FIELDS = {
     "logits_processors",
     "extra",
     "return_hidden_states",
+    "hidden_state_layers",
     "detokenize",
     "image",
     "mask",
