@@ -17,7 +17,7 @@ from omnistage.errors import ConfigError
 if TYPE_CHECKING:
     from omnistage.config.pipeline import PipelineSpec
 
-ROUTES = ("chat", "completions", "speech", "images", "videos")
+ROUTES = ("chat", "completions", "speech", "images", "videos", "audio_generate")
 # What the entry stage takes: chat messages (a prompt dict with `messages` and media), plain text (the
 # last user text, the speech input), or a speech prompt dict (`input`, `messages`, `speaker`, ...).
 PROMPTS = ("chat", "text", "speech")
@@ -81,11 +81,19 @@ class Capabilities:
     speed_range: tuple[float, float] | None = None
     # Whether the model speaks in an uploaded voice (voice cloning); one that cannot refuses them.
     clones_voices: bool = False
+    # Names in `voices` that are other names of one of its voices (OpenAI's names for a one-voice model).
+    voice_aliases: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # "module:function" called with the model directory at server start: the voices the checkpoint itself
+    # holds (a speaker dictionary), listed and accepted beside `voices`.
+    voices_of: str | None = None
+    # The pipeline call argument that takes the length in seconds of generated audio (text-to-audio).
+    audio_length_arg: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "routes", tuple(self.routes))
         object.__setattr__(self, "voices", tuple(self.voices))
         object.__setattr__(self, "fields", {k: tuple(v) for k, v in dict(self.fields).items()})
+        object.__setattr__(self, "voice_aliases", dict(self.voice_aliases))
         bad = [r for r in self.routes if r not in ROUTES]
         if bad:
             raise ConfigError(f"capabilities: unknown route {bad[0]!r} (routes: {', '.join(ROUTES)})")
@@ -94,9 +102,18 @@ class Capabilities:
         bad = [g for g in self.fields if g not in FIELD_GROUPS]
         if bad:
             raise ConfigError(f"capabilities: unknown field group {bad[0]!r} (groups: {FIELD_GROUPS})")
+        bad = [a for a, v in self.voice_aliases.items() if a not in self.voices or v not in self.voices]
+        if bad:
+            raise ConfigError(f"capabilities: voice alias {bad[0]!r} and its voice must both be in voices")
+        if self.voices_of is not None and ":" not in self.voices_of:
+            raise ConfigError(f"capabilities: voices_of must be 'module:function', got {self.voices_of!r}")
 
     def serves(self, route: str) -> bool:
         return route in self.routes
+
+    def own_voices(self) -> tuple[str, ...]:
+        """The distinct voices: `voices` without the aliases."""
+        return tuple(v for v in self.voices if v not in self.voice_aliases)
 
     def stages_for(self, group: str) -> tuple[int, ...]:
         return self.fields.get(group, ())
@@ -130,6 +147,8 @@ def derive_capabilities(pipeline: PipelineSpec) -> Capabilities:
     for modality, route in (("audio", "speech"), ("image", "images"), ("video", "videos")):
         if modality in modalities:
             routes.append(route)
+    if not ar_entry and "audio" in modalities:
+        routes.append("audio_generate")  # audio from a text prompt
     fields = {
         "sampling": (entry.stage_id,) if ar_entry else (),
         "diffusion": tuple(s.stage_id for s in pipeline.stages if s.kind is StageKind.DIFFUSION),

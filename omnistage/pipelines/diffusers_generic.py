@@ -26,9 +26,12 @@ def diffusers_pipeline(class_name: str) -> PipelineSpec:
     stage = StageSpec(
         stage_id=0, name="dit", kind=StageKind.DIFFUSION, final_output=True, output_modality=modality
     )
-    route = {"image": "images", "video": "videos", "audio": "speech"}.get(modality)
-    routes = ("chat", route) if route else ("chat",)
-    capabilities = Capabilities(routes=routes, prompt="text", fields={"diffusion": (0,)})
+    route = {"image": ("images",), "video": ("videos",), "audio": ("speech", "audio_generate")}.get(modality)
+    routes = ("chat", *route) if route else ("chat",)
+    length_arg = _audio_length_arg(class_name) if modality == "audio" else None
+    capabilities = Capabilities(
+        routes=routes, prompt="text", fields={"diffusion": (0,)}, audio_length_arg=length_arg
+    )
     name = f"diffusers-{class_name}"
     return PipelineSpec(
         name=name,
@@ -37,6 +40,19 @@ def diffusers_pipeline(class_name: str) -> PipelineSpec:
         default_deploy=DEPLOY,
         capabilities=capabilities,
     )
+
+
+def _audio_length_arg(class_name: str) -> str | None:
+    """The call argument of an audio pipeline that sets the clip's length in seconds, if it has one."""
+    import inspect
+
+    import diffusers
+
+    cls = getattr(diffusers, class_name, None)
+    if cls is None:
+        return None
+    names = inspect.signature(cls.__call__).parameters
+    return next((a for a in ("audio_end_in_s", "audio_length_in_s") if a in names), None)
 
 
 def resolve(info: ModelInfo) -> PipelineSpec | None:

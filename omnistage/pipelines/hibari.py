@@ -45,6 +45,7 @@ OPENAI_VOICES = (
     "verse",
 )
 VOICES = (BUNDLED_VOICE, *OPENAI_VOICES)
+ALIASES = {name: BUNDLED_VOICE for name in OPENAI_VOICES}
 SPEED_RANGE = (0.5, 2.0)  # the voice's own (models/hibari/voice.py)
 
 
@@ -131,6 +132,7 @@ HIBARI_TTS = registry.register(
             prompt="speech",
             fields={"generation": (0,)},
             voices=VOICES,
+            voice_aliases=ALIASES,
             speed_range=SPEED_RANGE,
         ),
     )
@@ -164,6 +166,7 @@ SPOKEN_CHAT = registry.register(
             prompt="chat",
             fields={"sampling": (0,), "generation": (1,)},
             voices=VOICES,
+            voice_aliases=ALIASES,
         ),
     )
 )

@@ -18,6 +18,7 @@ the thinker-only pipeline.
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -184,8 +185,20 @@ SPEECH_STAGES = (
 # Request sampling fields drive the thinker (the talker keeps TALKER_DEFAULTS unless `stage_params[1]`
 # names a field); the seed reaches code2wav. The speakers are the checkpoint's (checked by the thinker).
 SPEECH_CAPABILITIES = Capabilities(
-    routes=("chat", "completions", "speech"), prompt="chat", fields={"sampling": (0,), "generation": (2,)}
+    routes=("chat", "completions", "speech"),
+    prompt="chat",
+    fields={"sampling": (0,), "generation": (2,)},
+    voices_of="omnistage.pipelines.qwen2_5_omni:checkpoint_speakers",
 )
+
+
+def checkpoint_speakers(model_dir: str) -> list[str]:
+    """The speakers of the checkpoint's `spk_dict.pt` (none without one)."""
+    from omnistage.models.qwen2_5_omni.loaders import load_speakers
+
+    return sorted(load_speakers(model_dir)) if (Path(model_dir) / "spk_dict.pt").exists() else []
+
+
 QWEN2_5_OMNI = registry.register(
     PipelineSpec(
         name="qwen2_5_omni",

@@ -21,11 +21,22 @@ from omnistage.serving.errors import document_400, install_error_handlers
 from omnistage.serving.guards import RequestGuard, ServerState
 from omnistage.serving.media_sources import MediaSources
 from omnistage.serving.metrics import MetricsMiddleware, ServerMetrics
-from omnistage.serving.routes import chat, completions, images, speech, videos
+from omnistage.serving.routes import (
+    audio_generate,
+    chat,
+    completions,
+    images,
+    speech,
+    speech_batch,
+    speech_stream,
+    videos,
+)
 from omnistage.serving.routes import models as model_routes
+from omnistage.serving.routes import voices as voice_routes
 from omnistage.serving.served import ServedModels
 from omnistage.serving.settings import ServerSettings
 from omnistage.serving.video_jobs import VideoJobStore
+from omnistage.serving.voices import Voices, VoiceStore
 
 if TYPE_CHECKING:
     from omnistage.api import AsyncOmni
@@ -44,13 +55,19 @@ def create_app(
     if storage is None:
         storage = Path(tempfile.mkdtemp(prefix="omnistage-storage-"))
         logger.warning("no --storage-dir given: video jobs live in %s and do not survive a restart", storage)
+    voices_dir = settings.voices_dir
+    if voices_dir is None:
+        voices_dir = Path(tempfile.mkdtemp(prefix="omnistage-voices-"))
+        logger.warning("no --voices-dir given: uploaded voices in %s do not survive a restart", voices_dir)
+    served = ServedModels(models)
     ctx = ServerContext(
         settings=settings,
-        models=ServedModels(models),
+        models=served,
         metrics=ServerMetrics(),
         state=state or ServerState(),
         media=MediaSources(settings),
         videos=VideoJobStore(storage),
+        voices=Voices(served, VoiceStore(voices_dir, settings.max_uploaded_voices)),
     )
 
     @contextlib.asynccontextmanager
@@ -62,7 +79,8 @@ def create_app(
     app = FastAPI(title="omnistage", version=__version__, lifespan=lifespan)
     app.state.omnistage = ctx
     install_error_handlers(app, settings.retry_after_s)
-    for module in (chat, completions, speech, images, videos, model_routes):
+    routes = (chat, completions, speech, speech_batch, speech_stream, voice_routes, audio_generate)
+    for module in (*routes, images, videos, model_routes):
         app.include_router(module.router)
     document_400(app)
     app.add_middleware(RequestGuard, settings=settings, state=ctx.state)

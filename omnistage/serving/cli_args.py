@@ -14,6 +14,12 @@ def default_storage_dir() -> Path:
     return cache_root() / "storage"
 
 
+def default_voices_dir() -> Path:
+    from omnistage.demo.cache import cache_root
+
+    return cache_root() / "voices"
+
+
 def image_size_pixels(text: str) -> int:
     """'1024x1024' or '1048576' -> pixels."""
     width, sep, height = text.lower().partition("x")
@@ -60,6 +66,20 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         "--shutdown-grace", type=float, default=ServerSettings.shutdown_grace_s, metavar="SECONDS"
     )
     group.add_argument(
+        "--voices-dir", type=Path, default=None, help="where uploaded voices live (default: the cache dir)"
+    )
+    group.add_argument(
+        "--max-voice-upload-bytes", type=int, default=ServerSettings.max_voice_upload_bytes, metavar="BYTES"
+    )
+    group.add_argument("--max-uploaded-voices", type=int, default=ServerSettings.max_uploaded_voices)
+    group.add_argument(
+        "--speech-stream-idle-timeout",
+        type=float,
+        default=ServerSettings.speech_stream_idle_timeout_s,
+        metavar="SECONDS",
+        help="close a speech WebSocket whose client sent nothing for this long while nothing was spoken",
+    )
+    group.add_argument(
         "--max-queued-requests", type=int, default=1024, help="admission limit per model; beyond it: 429"
     )
 
@@ -73,4 +93,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         allowed_local_media_path=args.allowed_local_media_path,
         allow_remote_media=args.allow_remote_media,
         shutdown_grace_s=args.shutdown_grace,
+        voices_dir=args.voices_dir or default_voices_dir(),
+        max_voice_upload_bytes=args.max_voice_upload_bytes,
+        max_uploaded_voices=args.max_uploaded_voices,
+        speech_stream_idle_timeout_s=args.speech_stream_idle_timeout,
     )

@@ -16,6 +16,7 @@ from omnistage.serving.metrics import ServerMetrics
 from omnistage.serving.served import ServedModel, ServedModels
 from omnistage.serving.settings import ServerSettings
 from omnistage.serving.video_jobs import VideoJobStore
+from omnistage.serving.voices import Voices
 
 
 @dataclasses.dataclass
@@ -26,6 +27,7 @@ class ServerContext:
     state: ServerState
     media: MediaSources
     videos: VideoJobStore
+    voices: Voices
     video_tasks: dict[str, asyncio.Task] = dataclasses.field(default_factory=dict)
 
 

@@ -151,20 +151,31 @@ class CompletionRequest(SamplingFields):
 AudioFormat = Literal["wav", "pcm", "flac", "mp3", "opus", "aac"]
 
 
-class SpeechRequest(OpenAIModel):
+INPUT_MAX = 4096  # characters of speech input: the OpenAI API's limit
+BATCH_MAX_ITEMS = 32
+VOICE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"  # also a safe file name
+
+
+class SpeechFields(OpenAIModel):
+    """What to say it with: the fields a speech batch or WebSocket session sets once for every input."""
+
     model: str | None = None
-    input: str = Field(max_length=4096)  # the OpenAI API's limit
     voice: str | dict[str, Any] | None = None
     speaker: str | None = None
-    instructions: str | None = Field(None, max_length=4096)
+    instructions: str | None = Field(None, max_length=INPUT_MAX)
     response_format: AudioFormat = "wav"
     sample_rate: int | None = Field(None, ge=8000, le=96000)
     speed: float = Field(1.0, ge=0.25, le=4.0)
-    stream: bool = False
-    stream_format: Literal["sse", "audio"] | None = None
     seed: Seed | None = None
     language: str | None = None
     max_new_tokens: int | None = Field(None, ge=1, le=TOKENS_MAX)
+    stage_params: StageParamsList | None = None
+
+
+class SpeechRequest(SpeechFields):
+    input: str = Field(max_length=INPUT_MAX)
+    stream: bool = False
+    stream_format: Literal["sse", "audio"] | None = None
     stage_params: StageParamsList | None = None
 
     @property
@@ -176,6 +187,46 @@ class SpeechRequest(OpenAIModel):
         if isinstance(self.voice, dict):
             return str(self.voice.get("id") or self.voice.get("name") or "") or None
         return self.voice or self.speaker
+
+
+class BatchSpeechRequest(SpeechFields):
+    """Up to 32 inputs at once; each item needs `input` and may override any batch-level field. Items are
+    checked one by one (a bad item is that item's error, never the batch's)."""
+
+    items: list[dict[str, Any]] = Field(min_length=1, max_length=BATCH_MAX_ITEMS)
+
+
+class SpeechSessionConfig(SpeechFields):
+    """`session.config` of the speech WebSocket: the speech fields, and whether each sentence's audio is
+    sent as it is made (`stream_audio`, PCM or WAV) or whole."""
+
+    type: Literal["session.config"]
+    stream_audio: bool = False
+
+    def speech(self, text: str) -> SpeechRequest:
+        fields = self.model_dump(exclude_unset=True, exclude={"type", "stream_audio"})
+        return SpeechRequest.model_validate({**fields, "input": text, "stream": self.stream_audio})
+
+
+class VoiceUploadForm(OpenAIModel):
+    """The text fields of `POST /v1/audio/voices` (the sample is the `audio_sample` file)."""
+
+    name: str = Field(pattern=VOICE_NAME_PATTERN)
+    consent: str = Field(min_length=1, max_length=INPUT_MAX)
+    ref_text: str | None = Field(None, max_length=INPUT_MAX)
+
+
+class AudioGenerateRequest(OpenAIModel):
+    """Text to audio (sound, music) with a diffusion pipeline."""
+
+    model: str | None = None
+    input: str = Field(max_length=INPUT_MAX)
+    response_format: AudioFormat = "wav"
+    audio_length: float | None = Field(None, gt=0.0, le=3600.0)  # seconds
+    negative_prompt: str | None = Field(None, max_length=INPUT_MAX)
+    guidance_scale: float | None = Field(None, ge=0.0, le=20.0)
+    num_inference_steps: int | None = Field(None, ge=1, le=200)
+    seed: Seed | None = None
 
 
 # ---- images ----------------------------------------------------------------------------------------

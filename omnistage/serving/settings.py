@@ -28,13 +28,25 @@ class ServerSettings:
     retry_after_s: int = 1
     # Seconds in-flight work may take to finish after SIGTERM before it is aborted.
     shutdown_grace_s: float = 10.0
+    # Uploaded voices: one file each under `voices_dir` (None: a temporary dir), bounded in size and count.
+    voices_dir: Path | None = None
+    max_voice_upload_bytes: int = 10 * 1024 * 1024
+    max_uploaded_voices: int = 1000
+    # Seconds a speech WebSocket may wait for its client (with nothing being spoken) before it is closed.
+    speech_stream_idle_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         if self.storage_dir is not None:
             self.storage_dir = Path(self.storage_dir).expanduser().resolve()
+        if self.voices_dir is not None:
+            self.voices_dir = Path(self.voices_dir).expanduser().resolve()
         if self.allowed_local_media_path is not None:
             self.allowed_local_media_path = Path(self.allowed_local_media_path).expanduser().resolve()
         if self.max_request_bytes < 1:
             raise ValueError("max_request_bytes must be >= 1")
         if self.max_image_pixels < 1:
             raise ValueError("max_image_pixels must be >= 1")
+        if self.max_voice_upload_bytes < 1 or self.max_uploaded_voices < 0:
+            raise ValueError("max_voice_upload_bytes must be >= 1 and max_uploaded_voices >= 0")
+        if self.speech_stream_idle_timeout_s <= 0:
+            raise ValueError("speech_stream_idle_timeout_s must be > 0")

@@ -75,7 +75,7 @@ def test_body_over_the_limit_is_413_declared_or_chunked(client):
         ("/v1/audio/speech", {"input": "x", "response_format": "ogg"}, "response_format"),
         ("/v1/audio/speech", {"input": "x", "speed": 9}, "speed"),
         ("/v1/audio/speech", {"input": "x", "stream": True, "response_format": "mp3"}, "response_format"),
-        ("/v1/audio/speech", {"input": "x", "stream_format": "audio", "speed": 2.0}, "speed"),
+        ("/v1/audio/speech", {"input": "x", "speed": 0.1}, "speed"),  # streaming speeds are the model's
         ("/v1/images/generations", {"prompt": "x", "size": "big"}, "size"),
         ("/v1/images/generations", {"prompt": "x", "n": 11}, "n"),
         ("/v1/videos", {"prompt": "x", "seconds": "0"}, "seconds"),
@@ -90,6 +90,14 @@ def test_body_over_the_limit_is_413_declared_or_chunked(client):
         ("/v1/audio/speech", {"input": "x", "sample_rate": 100}, "sample_rate"),
         ("/v1/images/generations", {"prompt": "x", "output_compression": 101}, "output_compression"),
         ("/v1/videos", {"prompt": "x", "fps": 0}, "fps"),
+        ("/v1/audio/speech/batch", {"items": []}, "items"),
+        ("/v1/audio/speech/batch", {"items": [{"input": "x"}] * 33}, "items"),
+        ("/v1/audio/speech/batch", {"items": [{"input": "x"}], "speed": 9}, "speed"),
+        ("/v1/audio/speech/batch", {"items": [{"input": "x"}], "response_format": "ogg"}, "response_format"),
+        ("/v1/audio/generate", {"input": "x", "response_format": "ogg"}, "response_format"),
+        ("/v1/audio/generate", {"input": "x", "audio_length": 0}, "audio_length"),
+        ("/v1/audio/generate", {"input": "x", "num_inference_steps": 0}, "num_inference_steps"),
+        ("/v1/audio/generate", {"audio_length": 1}, "input"),
     ],
 )
 def test_schema_errors_are_400_naming_the_field(client, path, body, param):
@@ -107,6 +115,30 @@ def test_multipart_schema_errors_name_the_field(client):
     assert_error(
         client.post("/v1/images/edits", json={"prompt": "p"}, headers=KEY), 400, contains="multipart"
     )
+
+
+def test_voice_upload_form_errors_name_the_field(client):
+    wav = {"audio_sample": ("v.wav", b"RIFF....WAVE", "audio/wav")}
+    form = {"name": "my_voice", "consent": "yes"}
+    assert_error(client.post("/v1/audio/voices", files=wav, data={"name": "a"}, headers=KEY), 400, "consent")
+    bad_name = {**form, "name": "../etc"}
+    assert_error(client.post("/v1/audio/voices", files=wav, data=bad_name, headers=KEY), 400, "name")
+    assert_error(client.post("/v1/audio/voices", data=form, headers=KEY), 400, "audio_sample", "required")
+    # A file that is not audio: refused by the decoders, nothing stored.
+    response = client.post("/v1/audio/voices", files=wav, data=form, headers=KEY)
+    assert_error(response, 400, "audio_sample", "not a decodable audio file")
+    listed = client.get("/v1/audio/voices", headers=KEY).json()
+    assert listed == {"voices": [], "uploaded_voices": [], "models": []}
+    assert_error(client.delete("/v1/audio/voices/nobody", headers=KEY), 404, "name", "not found")
+    assert_error(client.get("/v1/audio/voices?model=gpt-9", headers=KEY), 404, "model")
+
+
+def test_speech_routes_without_a_speaking_model_are_400(client):
+    batch = client.post("/v1/audio/speech/batch", json={"items": [{"input": "hi"}]}, headers=KEY)
+    assert batch.status_code == 200  # per-item errors, never the whole batch
+    assert batch.json()["failed"] == 1 and batch.json()["results"][0]["param"] == "model"
+    generate = client.post("/v1/audio/generate", json={"input": "rain"}, headers=KEY)
+    assert_error(generate, 400, "model", "no served model")
 
 
 def test_query_errors_are_400_and_no_422_is_documented(client):
@@ -168,6 +200,10 @@ def test_version_metrics_and_openapi(client):
         "/v1/chat/completions",
         "/v1/completions",
         "/v1/audio/speech",
+        "/v1/audio/speech/batch",
+        "/v1/audio/voices",
+        "/v1/audio/voices/{name}",
+        "/v1/audio/generate",
         "/v1/images/generations",
         "/v1/images/edits",
         "/v1/videos",

@@ -1,0 +1,142 @@
+"""One speech request, whichever route it came by (`/v1/audio/speech`, its batch, its WebSocket): the checks,
+the prompt and per-stage params, the finished audio and its usage.
+
+Keeping them in one place is what makes a batch item or a WebSocket sentence behave exactly like the same
+fields posted to `/v1/audio/speech`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omnistage.errors import InvalidRequestError, OmniError
+from omnistage.outputs import OmniRequestOutput
+from omnistage.serving.artifacts import audio_of, sample_rate_of
+from omnistage.serving.context import ServerContext
+from omnistage.serving.errors import SchemaError
+from omnistage.serving.generation import generate, last_output
+from omnistage.serving.media import change_speed, encode_audio, resample
+from omnistage.serving.protocol import SpeechRequest
+from omnistage.serving.served import ServedModel
+from omnistage.serving.stage_params import build_stage_params
+
+STREAM_FORMATS = ("pcm", "wav")
+
+
+def validate_speech(body: SpeechRequest, model: ServedModel) -> None:
+    """The rules across fields and those that need the model (its speed range)."""
+    check_speech_options(body, model)
+    if not body.input.strip():
+        raise InvalidRequestError("input: Input text cannot be empty", param="input")
+
+
+def check_stream_format(body: SpeechRequest) -> None:
+    """The one rule across fields that needs no model (checked before the model is looked up)."""
+    if body.streaming and body.response_format not in STREAM_FORMATS:
+        raise SchemaError(
+            "response_format: streaming (stream=true or stream_format) requires 'pcm' or 'wav'",
+            param="response_format",
+        )
+
+
+def check_speech_options(body: SpeechRequest, model: ServedModel) -> None:
+    """Everything but the input: streaming formats, the speed range."""
+    check_stream_format(body)
+    speeds = model.capabilities.speed_range
+    if speeds is not None and not speeds[0] <= body.speed <= speeds[1]:
+        raise InvalidRequestError(
+            f"speed: model {model.name!r} speaks at speeds in [{speeds[0]}, {speeds[1]}], got {body.speed}",
+            param="speed",
+        )
+    if speeds is None and body.streaming and body.speed != 1.0:
+        raise SchemaError("speed: streaming requires speed 1.0", param="speed")
+
+
+def speech_request(body: SpeechRequest, model: ServedModel, ctx: ServerContext) -> tuple[Any, list]:
+    """(prompt, per-stage params). A model prompted with text (text-to-audio) gets the input text; any other
+    a speech prompt dict (the text as `input` and as a user message, with `speaker`, `instructions`,
+    `language`, an uploaded voice): a chat-capable pipeline (an omni thinker) reads `messages`, a TTS family
+    the rest."""
+    caps = model.capabilities
+    voice = body.voice_name
+    uploaded = ctx.voices.check(model, voice)
+    limits = model.limits(ctx.settings)
+    seed = {"seed": body.seed} if body.seed is not None else {}
+    if caps.prompt == "text":
+        params = build_stage_params(model, diffusion=seed, stage_params=body.stage_params, limits=limits)
+        return body.input, params
+    prompt = {"task": "speech", "input": body.input, "messages": [{"role": "user", "content": body.input}]}
+    extras = {"speaker": voice, "instructions": body.instructions, "language": body.language}
+    prompt.update({k: v for k, v in extras.items() if v})
+    if uploaded is not None:  # the voice to clone, read by the stage from its file
+        reference = {"name": uploaded.name, "path": str(uploaded.path), "sample_rate": uploaded.sample_rate}
+        prompt["uploaded_voice"] = {**reference, "ref_text": uploaded.ref_text}
+    if caps.speed_range is not None:  # the model speaks at the asked speed itself
+        prompt["speed"] = body.speed
+    sampling = {**seed, **({"max_tokens": body.max_new_tokens} if body.max_new_tokens is not None else {})}
+    params = build_stage_params(
+        model,
+        sampling=sampling,
+        generation=seed,
+        stage_params=body.stage_params,
+        route_defaults={"max_tokens": None},  # as chat: the whole answer, up to the context
+        limits=limits,
+        origins={"max_tokens": "max_new_tokens"},
+    )
+    return prompt, params
+
+
+def speech_usage(out: OmniRequestOutput | None) -> dict[str, Any]:
+    text_tokens = len(out.prompt_token_ids) if out else 0
+    audio_in = int(out.data.get("input_audio_tokens", 0)) if out else 0
+    # Codec tokens when the pipeline reports them (a talker is not a final stage), else text tokens.
+    output = int(out.data.get("num_output_tokens", len(out.token_ids))) if out else 0
+    return {
+        "input_tokens": text_tokens + audio_in,
+        "output_tokens": output,
+        "total_tokens": text_tokens + audio_in + output,
+        "input_token_details": {"text_tokens": text_tokens, "audio_tokens": audio_in},
+    }
+
+
+def usage_headers(usage: dict[str, Any]) -> dict[str, str]:
+    return {
+        "x-omnistage-input-tokens": str(usage["input_tokens"]),
+        "x-omnistage-output-tokens": str(usage["output_tokens"]),
+        "x-omnistage-total-tokens": str(usage["total_tokens"]),
+        "x-omnistage-input-text-tokens": str(usage["input_token_details"]["text_tokens"]),
+        "x-omnistage-input-audio-tokens": str(usage["input_token_details"]["audio_tokens"]),
+    }
+
+
+def encoded_audio(out: OmniRequestOutput, body: SpeechRequest, model: ServedModel) -> tuple[bytes, int]:
+    """(the finished audio in the requested format, speed and sample rate; its sample rate)."""
+    samples = audio_of(out)
+    if samples is None:
+        raise OmniError("the model did not produce audio")
+    rate = sample_rate_of(out)
+    if model.capabilities.speed_range is None:
+        samples = change_speed(samples, rate, body.speed)
+    if body.sample_rate:
+        samples, rate = resample(samples, rate, body.sample_rate), body.sample_rate
+    return encode_audio(samples, rate, body.response_format)
+
+
+def audio_chunk(out: OmniRequestOutput, body: SpeechRequest) -> tuple[Any, int]:
+    """The new samples of a streamed output (at the requested rate) or None, and their rate."""
+    samples, rate = audio_of(out, delta=True), sample_rate_of(out)
+    if samples is not None and body.sample_rate and body.sample_rate != rate:
+        samples, rate = resample(samples, rate, body.sample_rate), body.sample_rate
+    return samples, rate
+
+
+async def speak(
+    body: SpeechRequest, model: ServedModel, ctx: ServerContext, request_id: str
+) -> tuple[OmniRequestOutput, bytes, int]:
+    """A whole (non-streamed) speech request: (its final output, the encoded audio, its sample rate).
+    Cancelling it aborts the request in every stage (`generate`)."""
+    validate_speech(body, model)
+    prompt, params = speech_request(body, model, ctx)
+    out = await last_output(generate(model, ctx.metrics, prompt, params, request_id, ["audio"]))
+    data, rate = encoded_audio(out, body, model)
+    return out, data, rate
