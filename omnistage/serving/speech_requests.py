@@ -34,7 +34,7 @@ def check_stream_format(body: SpeechRequest) -> None:
     """The one rule across fields that needs no model (checked before the model is looked up)."""
     if body.streaming and body.response_format not in STREAM_FORMATS:
         raise SchemaError(
-            "response_format: streaming (stream=true or stream_format) requires 'pcm' or 'wav'",
+            "response_format: streamed audio (stream, stream_format, stream_audio) requires 'pcm' or 'wav'",
             param="response_format",
         )
 
