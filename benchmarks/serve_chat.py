@@ -19,15 +19,20 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
 
-from omnistage.bench.serve import LoadResult, Sample, chat_sender, format_table, run_load
+from omnistage.bench.backends import sender, text_delta
+from omnistage.bench.datasets import BenchRequest
+from omnistage.bench.metrics import RequestOutput, summarize
+from omnistage.bench.serve import run_requests
 from omnistage.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
-MESSAGES = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
+PROMPT = "Write a short story about a lighthouse keeper."
+MESSAGES = [{"role": "user", "content": PROMPT}]
 CONCURRENCY = (1, 8, 32)
 
 
@@ -60,42 +65,74 @@ def start_server(model: str, port: int, extra: list[str]) -> subprocess.Popen:
     raise SystemExit("server did not become healthy")
 
 
-def best(results: list[LoadResult]) -> dict:
+def best(results: list[dict]) -> dict:
     """One side's least-disturbed round: the one with the highest requests/s."""
-    return max((r.summary() for r in results), key=lambda summary: summary["req_per_s"])
+    return max(results, key=lambda summary: summary["request_throughput"])
+
+
+async def measure(
+    send: Callable[[BenchRequest], Awaitable[RequestOutput]], args: argparse.Namespace, concurrency: int
+) -> dict:
+    """One round: `--requests` identical requests at `concurrency`, summarized as `omnistage bench serve`
+    does."""
+    request = BenchRequest(PROMPT, len(PROMPT.split()), args.max_tokens)
+    run = await run_requests(send, [request] * args.requests, max_concurrency=concurrency)
+    return {"concurrency": concurrency, **summarize(run.outputs, run.duration_s)}
 
 
 async def compare(port: int, model_name: str, model: str, args: argparse.Namespace) -> tuple[list, list]:
     from omnistage import AsyncOmni, SamplingParams
 
-    body = {"messages": MESSAGES, "max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True}
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     async with (
         httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600, limits=limits) as client,
         AsyncOmni(model, **deploy_kwargs(args)) as omni,
     ):
-        over_http = chat_sender(client, model_name, body)
+        chat = sender("chat")
 
-        async def direct(_: int) -> Sample:
-            start, ttft, out = time.perf_counter(), float("nan"), None
-            async for out in omni.generate({"messages": MESSAGES}, params):
-                if ttft != ttft and out.delta_text:
-                    ttft = time.perf_counter() - start
-            return Sample(time.perf_counter() - start, ttft, len(out.token_ids), ok=out.error is None)
+        async def over_http(request: BenchRequest) -> RequestOutput:
+            return await chat(client, model_name, request, {"temperature": 0})
+
+        async def direct(_: BenchRequest) -> RequestOutput:
+            out, start, final = RequestOutput(), time.perf_counter(), None
+            async for final in omni.generate({"messages": MESSAGES}, params):
+                if final.delta_text:
+                    text_delta(out, start, final.delta_text)
+            out.latency_s = time.perf_counter() - start
+            out.success, out.output_tokens = final.error is None, len(final.token_ids)
+            return out
 
         for send in (over_http, direct):  # warm-up: first-request costs stay out of the figures
-            await run_load(send, 4, 4)
+            await measure(send, args, 4)
         served, baseline = [], []
         for c in CONCURRENCY:
-            runs: dict[str, list[LoadResult]] = {"server": [], "direct": []}
+            runs: dict[str, list[dict]] = {"server": [], "direct": []}
             for round_ in range(args.rounds):
                 order = [("server", over_http), ("direct", direct)]
                 for side, send in order if round_ % 2 == 0 else order[::-1]:
-                    runs[side].append(await run_load(send, args.requests, c))
+                    runs[side].append(await measure(send, args, c))
             served.append(best(runs["server"]))
             baseline.append(best(runs["direct"]))
         return served, baseline
+
+
+def format_table(rows: list[dict], title: str) -> str:
+    header = ("conc", "reqs", "err", "req/s", "tok/s", "p50 ms", "p99 ms", "ttft p50")
+    lines = [title, " ".join(f"{h:>8}" for h in header)]
+    for r in rows:
+        values = (
+            f"{r['concurrency']}",
+            f"{r['num_requests']}",
+            f"{r['failed']}",
+            f"{r['request_throughput']:.2f}",
+            f"{r['output_throughput']:.1f}",
+            f"{r['median_e2el_ms']:.1f}",
+            f"{r['p99_e2el_ms']:.1f}",
+            f"{r['median_ttft_ms']:.1f}",
+        )
+        lines.append(" ".join(f"{v:>8}" for v in values))
+    return "\n".join(lines)
 
 
 def deploy_kwargs(args: argparse.Namespace) -> dict:
@@ -129,9 +166,10 @@ def main() -> None:
     print(format_table(served, "omnistage serve (HTTP, streaming SSE):"))
     print(format_table(direct, "AsyncOmni in-process (baseline):"))
     for s, d in zip(served, direct, strict=True):
+        ratio = {key: s[key] / d[key] for key in ("request_throughput", "median_e2el_ms", "p99_e2el_ms")}
         print(
-            f"c={s['concurrency']:>2}: server/direct req/s {s['req_per_s'] / d['req_per_s']:.2f}x, "
-            f"p50 {s['p50_s'] / d['p50_s']:.2f}x, p99 {s['p99_s'] / d['p99_s']:.2f}x"
+            f"c={s['concurrency']:>2}: server/direct req/s {ratio['request_throughput']:.2f}x, "
+            f"p50 {ratio['median_e2el_ms']:.2f}x, p99 {ratio['p99_e2el_ms']:.2f}x"
         )
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 

@@ -65,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--params", help="JSON object of parameters for the first stage")
     add_deploy_args(run)
 
+    bench = sub.add_parser("bench", help="measure a running server").add_subparsers(dest="bench_command")
+    from omnistage.bench.serve import add_args as add_bench_serve_args
+
+    add_bench_serve_args(bench.add_parser("serve", help="load an OpenAI-compatible server, report figures"))
+
     demo = sub.add_parser("demo", help="build or train the embedded demo models")
     demo.add_argument("action", choices=["build", "train"])
     demo.add_argument("rest", nargs=argparse.REMAINDER)
@@ -83,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args)
     if args.command == "demo":
         return _demo(args)
+    if args.command == "bench" and args.bench_command == "serve":
+        from omnistage.bench.serve import main as bench_serve
+
+        return bench_serve(args)
     parser.print_help()
     return 2
 

@@ -1,122 +1,266 @@
-"""Load generation for a running server (or any async request function): requests/s and latency
-percentiles at a fixed concurrency.
+"""`omnistage bench serve`: load on a running OpenAI-compatible server (omnistage's or any other) and the
+figures the field reports (vLLM-Omni's `vllm bench serve --omni` definitions, see `metrics.py`).
 
-`run_load` drives any `send(i)` coroutine that returns one `Sample`; `chat_sender` builds one that streams
-an OpenAI chat completion over HTTP, so time to first token is measured where a client would see it.
+Requests arrive at `--request-rate` (Poisson; `inf`: all at once) with at most `--max-concurrency` in
+flight. A failed request is counted, never fatal. Ctrl-C stops the run and reports what was measured so far.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
+import datetime
 import json
+import logging
+import math
+import random
+import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+from omnistage.bench.backends import BACKENDS, sender
+from omnistage.bench.datasets import DATASETS, BenchRequest, load_dataset
+from omnistage.bench.metrics import RequestOutput, parse_slos, percentile, summarize
+from omnistage.bench.stages import StageMonitor
+
+__all__ = ["add_args", "main", "percentile", "run_requests", "format_summary"]
+
 
 @dataclasses.dataclass
-class Sample:
-    latency_s: float
-    ttft_s: float
-    completion_tokens: int
-    ok: bool = True
-
-
-@dataclasses.dataclass
-class LoadResult:
-    concurrency: int
+class RunResult:
+    outputs: list[RequestOutput]
     duration_s: float
-    samples: list[Sample]
-
-    @property
-    def ok(self) -> list[Sample]:
-        return [s for s in self.samples if s.ok]
-
-    def summary(self) -> dict[str, float]:
-        ok = self.ok
-        latencies = sorted(s.latency_s for s in ok)
-        ttfts = sorted(s.ttft_s for s in ok)
-        tokens = sum(s.completion_tokens for s in ok)
-        return {
-            "concurrency": self.concurrency,
-            "requests": len(self.samples),
-            "errors": len(self.samples) - len(ok),
-            "req_per_s": len(ok) / self.duration_s,
-            "tok_per_s": tokens / self.duration_s,
-            "p50_s": percentile(latencies, 50),
-            "p99_s": percentile(latencies, 99),
-            "ttft_p50_s": percentile(ttfts, 50),
-        }
+    interrupted: bool
 
 
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile (no interpolation: with few samples p99 is the slowest request)."""
-    if not sorted_values:
-        return float("nan")
-    rank = max(1, min(len(sorted_values), round(q / 100 * len(sorted_values) + 0.5)))
-    return sorted_values[rank - 1]
+async def run_requests(
+    send: Callable[[BenchRequest], Awaitable[RequestOutput]],
+    requests: list[BenchRequest],
+    *,
+    max_concurrency: int | None = None,
+    request_rate: float = math.inf,
+    seed: int = 0,
+    stop: asyncio.Event | None = None,
+    progress: bool = False,
+) -> RunResult:
+    """Sends `requests`; when `stop` is set, the requests still running are cancelled and left out."""
+    from tqdm import tqdm
 
+    stop = stop or asyncio.Event()
+    limit = asyncio.Semaphore(max_concurrency or len(requests) or 1)
+    outputs: list[RequestOutput | None] = [None] * len(requests)
+    tasks: list[asyncio.Task] = []
+    bar = tqdm(total=len(requests), disable=not progress, file=sys.stderr, unit="req")
+    last_done = time.perf_counter()
 
-async def run_load(
-    send: Callable[[int], Awaitable[Sample]], num_requests: int, concurrency: int
-) -> LoadResult:
-    """`num_requests` calls of `send`, at most `concurrency` at a time."""
-    queue: asyncio.Queue[int] = asyncio.Queue()
-    for i in range(num_requests):
-        queue.put_nowait(i)
-    samples: list[Sample] = []
+    async def one(i: int, request: BenchRequest) -> None:
+        nonlocal last_done
+        async with limit:
+            outputs[i] = await send(request)
+        last_done = time.perf_counter()
+        bar.update()
 
-    async def worker() -> None:
-        while not queue.empty():
-            samples.append(await send(queue.get_nowait()))
+    async def dispatch() -> None:
+        gaps = random.Random(seed)
+        for i, request in enumerate(requests):
+            tasks.append(asyncio.create_task(one(i, request)))
+            if math.isfinite(request_rate) and i + 1 < len(requests):
+                await asyncio.sleep(gaps.expovariate(request_rate))
+        await asyncio.gather(*tasks)
 
     start = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return LoadResult(concurrency, time.perf_counter() - start, samples)
+    runner, stopper = asyncio.create_task(dispatch()), asyncio.create_task(stop.wait())
+    await asyncio.wait({runner, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    interrupted = not runner.done()
+    for task in (runner, stopper, *tasks):
+        task.cancel()
+    await asyncio.gather(runner, stopper, *tasks, return_exceptions=True)
+    bar.close()
+    end = time.perf_counter() if interrupted else last_done
+    return RunResult([o for o in outputs if o is not None], end - start, interrupted)
 
 
-def chat_sender(
-    client: httpx.AsyncClient, model: str, body: dict[str, Any]
-) -> Callable[[int], Awaitable[Sample]]:
-    """Streams `/v1/chat/completions` with usage; latency ends at `[DONE]`."""
-    payload = {**body, "model": model, "stream": True, "stream_options": {"include_usage": True}}
-
-    async def send(_: int) -> Sample:
-        start = time.perf_counter()
-        ttft, tokens = float("nan"), 0
-        async with client.stream("POST", "/v1/chat/completions", json=payload) as response:
-            if response.status_code != 200:
-                await response.aread()
-                return Sample(time.perf_counter() - start, ttft, 0, ok=False)
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if chunk.get("usage"):
-                    tokens = chunk["usage"]["completion_tokens"]
-                elif ttft != ttft and any(c["delta"].get("content") for c in chunk.get("choices", [])):
-                    ttft = time.perf_counter() - start
-        return Sample(time.perf_counter() - start, ttft, tokens)
-
-    return send
+def add_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--base-url", default="http://127.0.0.1:8000", help="the server (no /v1)")
+    parser.add_argument("--backend", required=True, choices=BACKENDS)
+    parser.add_argument("--model", help="served model name (default: the server's first model)")
+    parser.add_argument("--dataset", default="random", choices=DATASETS)
+    parser.add_argument("--dataset-path", help="the local file of sharegpt-file / tts-file")
+    parser.add_argument("--num-prompts", type=int, default=16)
+    parser.add_argument("--max-concurrency", type=int, default=None, help="default: no limit")
+    parser.add_argument("--request-rate", type=float, default=math.inf, help="requests/s, Poisson (inf)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--random-input-len", type=int, default=32, help="prompt words")
+    parser.add_argument("--random-output-len", type=int, default=None, help="max tokens (random: 32)")
+    parser.add_argument("--random-range-ratio", type=float, default=0.0)
+    parser.add_argument("--random-mm-num-images", type=int, default=1)
+    parser.add_argument("--random-mm-image-size", default="64x64", help="WIDTHxHEIGHT")
+    parser.add_argument("--extra-body", help="JSON object merged into every request body")
+    parser.add_argument("--goodput", help="SLOs, e.g. 'ttft:500 tpot:50 e2el:2000' (ms; rtf unitless)")
+    parser.add_argument("--metric-percentiles", default="50,90,99", help="comma-separated")
+    parser.add_argument("--num-warmups", type=int, default=0, help="requests sent first, not measured")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    parser.add_argument("--result-file", help="write the figures as JSON")
+    parser.add_argument("--disable-tqdm", action="store_true")
 
 
-def format_table(rows: list[dict[str, float]], title: str) -> str:
-    header = ("conc", "reqs", "err", "req/s", "tok/s", "p50 ms", "p99 ms", "ttft p50")
-    lines = [title, " ".join(f"{h:>8}" for h in header)]
-    for r in rows:
-        values = (
-            f"{r['concurrency']}",
-            f"{r['requests']}",
-            f"{r['errors']}",
-            f"{r['req_per_s']:.2f}",
-            f"{r['tok_per_s']:.1f}",
-            f"{r['p50_s'] * 1e3:.1f}",
-            f"{r['p99_s'] * 1e3:.1f}",
-            f"{r['ttft_p50_s'] * 1e3:.1f}",
+def main(args: argparse.Namespace) -> int:
+    """Runs the benchmark; 130 when interrupted (after reporting), 0 otherwise, failed requests included."""
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request would bury the table
+    try:
+        result = asyncio.run(bench(args))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(format_summary(result), flush=True)
+    if args.result_file:
+        Path(args.result_file).write_text(json.dumps(result, indent=2))
+    return 130 if result["interrupted"] else 0
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    width, _, height = args.random_mm_image_size.partition("x")
+    requests = load_dataset(
+        args.dataset,
+        args.num_prompts + args.num_warmups,
+        seed=args.seed,
+        path=args.dataset_path,
+        input_len=args.random_input_len,
+        output_len=args.random_output_len,
+        range_ratio=args.random_range_ratio,
+        mm_images=args.random_mm_num_images,
+        mm_size=(int(width), int(height or width)),
+    )
+    extra = json.loads(args.extra_body) if args.extra_body else {}
+    slos = parse_slos(args.goodput)
+    percentiles = tuple(float(q) for q in args.metric_percentiles.split(",") if q.strip())
+    send_one = sender(args.backend)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=args.base_url, timeout=args.timeout, limits=limits) as client:
+        model = args.model or (await client.get("/v1/models")).json()["data"][0]["id"]
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        try:
+            warmups, measured = requests[: args.num_warmups], requests[args.num_warmups :]
+            if warmups:
+                await run_requests(lambda r: send_one(client, model, r, extra), warmups, stop=stop)
+            monitor = StageMonitor(client, model)
+            await monitor.start()
+            run = await run_requests(
+                lambda r: send_one(client, model, r, extra),
+                [] if stop.is_set() else measured,
+                max_concurrency=args.max_concurrency,
+                request_rate=args.request_rate,
+                seed=args.seed,
+                stop=stop,
+                progress=not args.disable_tqdm,
+            )
+            await monitor.stop()
+        finally:
+            loop.remove_signal_handler(signal.SIGINT)
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "base_url": args.base_url,
+        "backend": args.backend,
+        "model": model,
+        "dataset": args.dataset,
+        "num_prompts": args.num_prompts,
+        "max_concurrency": args.max_concurrency,
+        "request_rate": args.request_rate if math.isfinite(args.request_rate) else "inf",
+        "seed": args.seed,
+        "extra_body": extra,
+        "interrupted": run.interrupted or stop.is_set(),
+        **summarize(run.outputs, run.duration_s, percentiles, slos),
+        "stage_breakdown": monitor.breakdown(),
+        "errors": [o.error for o in run.outputs if not o.success][:20],
+        "requests": [_request_record(o) for o in run.outputs],
+    }
+
+
+def _request_record(out: RequestOutput) -> dict[str, Any]:
+    record = dataclasses.asdict(out)
+    for key in ("audio_chunks", "itl_s", "text", "last_text_s"):
+        record.pop(key)
+    return record | {
+        "tpot_s": out.tpot_s,
+        "audio_duration_s": out.audio_duration_s,
+        "audio_rtf": out.audio_rtf,
+        "audio_underrun_s": out.audio_underrun_s,
+    }
+
+
+def format_summary(result: dict[str, Any]) -> str:
+    """The end-of-run table: counts and throughputs, then each metric's mean/median/percentiles."""
+    title = " Serving Benchmark Result " + ("(interrupted) " if result["interrupted"] else "")
+    lines = [f"{title:=^60}"]
+
+    def row(label: str, value: Any) -> None:
+        text = f"{value:.2f}" if isinstance(value, float) else str(value)
+        lines.append(f"{label:<44}{text:>16}")
+
+    row("Backend:", result["backend"])
+    row("Model:", result["model"])
+    row(
+        "Requests sent/successful/failed:",
+        f"{result['num_requests']}/{result['completed']}/{result['failed']}",
+    )
+    row("Maximum request concurrency:", result["max_concurrency"] or "unlimited")
+    row("Benchmark duration (s):", result["duration_s"])
+    row("Request throughput (req/s):", result["request_throughput"])
+    if result["total_output_tokens"]:
+        row("Total input tokens:", result["total_input_tokens"])
+        row("Total generated tokens:", result["total_output_tokens"])
+        row("Output token throughput (tok/s):", result["output_throughput"])
+        row("Total token throughput (tok/s):", result["total_token_throughput"])
+    if result["slos"]:
+        row("Request goodput (req/s):", result["goodput"])
+        row("SLO attainment:", result["slo_attainment"])
+    if "total_audio_duration_s" in result:
+        row("Total audio duration (s):", result["total_audio_duration_s"])
+        row("Audio throughput (audio-s/s):", result["audio_throughput"])
+        row(
+            f"Continuity OK rate (underrun<{result['audio_continuity_threshold_s']} s):",
+            result["audio_continuity_ok_rate"],
         )
-        lines.append(" ".join(f"{v:>8}" for v in values))
+    if "total_images" in result:
+        row("Total images / videos:", f"{result['total_images']}/{result['total_videos']}")
+        row("Image throughput (images/s):", result["image_throughput"])
+        row("Video throughput (videos/s):", result["video_throughput"])
+    for metric in [key[len("mean_") :] for key in result if key.startswith("mean_")]:
+        lines.append(f"{' ' + metric + ' ':-^60}")
+        for stat in ("mean", "median", *(f"p{q:g}" for q in result["percentiles"])):
+            row(f"{stat.capitalize()} {metric}:", result[f"{stat}_{metric}"])
+    breakdown = result.get("stage_breakdown")
+    if breakdown:
+        lines.append(f"{' per stage (server /metrics) ':-^60}")
+        lines.append(f"{'stage':<18}{'requests':>10}{'peak held':>11}{'peak queue':>11}{'peak kv':>10}")
+        for s in breakdown["stages"]:
+            lines.append(
+                f"{str(s['stage']) + ' ' + s['stage_name']:<18}{s['requests']:>10.0f}"
+                f"{s['peak_requests']:>11.0f}{s['peak_queue_depth']:>11.0f}{s['peak_kv_cache_usage']:>10.2f}"
+            )
+        for key in ("server_mean_ttft_ms", "server_mean_ttfa_ms"):
+            if breakdown.get(key) is not None:
+                row(f"Server-side {key[7:]}:", breakdown[key])
+    if result["errors"]:
+        lines.append(f"first error: {result['errors'][0]}")
+    lines.append("=" * 60)
     return "\n".join(lines)
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """`python -m omnistage.bench.serve ...` (the same as `omnistage bench serve ...`)."""
+    parser = argparse.ArgumentParser(prog="omnistage bench serve", description=__doc__.split("\n\n")[0])
+    add_args(parser)
+    return main(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
