@@ -73,8 +73,9 @@ def stage_requests(result: dict) -> dict[str, float]:
 
 def test_chat(server, tmp_path, capsys):
     flags = ["--backend", "chat", "--model", CHAT, "--num-prompts", "4", "--max-concurrency", "2"]
-    result = bench(server, tmp_path, *flags, "--random-output-len", "6", "--goodput", "e2el:600000")
-    ok = check_run(result, 4)
+    flags += ["--num-warmups", "1", "--random-output-len", "6", "--goodput", "e2el:600000"]
+    result = bench(server, tmp_path, *flags)
+    ok = check_run(result, 4)  # the warm-up request is neither counted nor in the stage breakdown
     assert result["total_output_tokens"] == 4 * 6  # ignore_eos: every request makes its max_tokens
     assert result["total_input_tokens"] > 4 * 32  # 32 words each, and the chat template around them
     assert all(0 < r["ttft_s"] < r["latency_s"] and r["tpot_s"] > 0 for r in ok)
@@ -89,7 +90,8 @@ def test_chat(server, tmp_path, capsys):
 
 def test_completions(server, tmp_path):
     flags = ["--backend", "completions", "--model", CHAT, "--num-prompts", "3", "--max-concurrency", "3"]
-    result = bench(server, tmp_path, *flags, "--random-output-len", "5", "--random-input-len", "12")
+    flags += ["--request-rate", "20", "--random-output-len", "5", "--random-input-len", "12"]
+    result = bench(server, tmp_path, *flags)
     ok = check_run(result, 3)
     assert result["total_output_tokens"] == 3 * 5
     assert all(r["prompt_tokens"] >= 12 for r in ok)
