@@ -38,6 +38,7 @@ class Limits:
     max_input_tokens: int | None = None
     max_output_tokens: int | None = None
     max_audio_seconds: float | None = None  # of an input audio clip
+    max_output_audio_seconds: float | None = None  # of generated audio (text-to-audio `audio_length`)
     max_upload_bytes: int | None = None  # of one uploaded or referenced media file
 
     def __post_init__(self) -> None:

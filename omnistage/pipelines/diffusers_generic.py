@@ -7,9 +7,12 @@ stage (an AR model feeding a DiT) register their own pipeline and win over this 
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from omnistage.config.capabilities import Capabilities
+from omnistage.config.capabilities import Capabilities, Limits
 from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
 from omnistage.pipelines import registry
 from omnistage.stages.diffusion.modality import pipeline_modality
@@ -20,8 +23,8 @@ if TYPE_CHECKING:
 DEPLOY = "diffusers_generic.yaml"
 
 
-def diffusers_pipeline(class_name: str) -> PipelineSpec:
-    """The one-stage pipeline for a diffusers pipeline class."""
+def diffusers_pipeline(class_name: str, path: Path | None = None) -> PipelineSpec:
+    """The one-stage pipeline for a diffusers pipeline class (the checkpoint at `path` sets limits)."""
     modality = pipeline_modality(class_name)
     stage = StageSpec(
         stage_id=0, name="dit", kind=StageKind.DIFFUSION, final_output=True, output_modality=modality
@@ -29,8 +32,13 @@ def diffusers_pipeline(class_name: str) -> PipelineSpec:
     route = {"image": ("images",), "video": ("videos",), "audio": ("speech", "audio_generate")}.get(modality)
     routes = ("chat", *route) if route else ("chat",)
     length_arg = _audio_length_arg(class_name) if modality == "audio" else None
+    seconds = _max_audio_seconds(path) if length_arg and path else None
     capabilities = Capabilities(
-        routes=routes, prompt="text", fields={"diffusion": (0,)}, audio_length_arg=length_arg
+        routes=routes,
+        prompt="text",
+        fields={"diffusion": (0,)},
+        limits=Limits(max_output_audio_seconds=seconds),
+        audio_length_arg=length_arg,
     )
     name = f"diffusers-{class_name}"
     return PipelineSpec(
@@ -55,8 +63,20 @@ def _audio_length_arg(class_name: str) -> str | None:
     return next((a for a in ("audio_end_in_s", "audio_length_in_s") if a in names), None)
 
 
+def _max_audio_seconds(path: Path) -> float | None:
+    """The longest clip of a latent-audio pipeline (Stable Audio): the DiT's sample size in latent frames,
+    times the VAE's hop in samples, over its sample rate; None where the checkpoint does not say."""
+    try:
+        transformer = json.loads((path / "transformer" / "config.json").read_text())
+        vae = json.loads((path / "vae" / "config.json").read_text())
+        frames, rate = transformer["sample_size"], vae["sampling_rate"]
+        return frames * math.prod(vae["downsampling_ratios"]) / rate
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+
+
 def resolve(info: ModelInfo) -> PipelineSpec | None:
-    return diffusers_pipeline(info.diffusers_class) if info.diffusers_class else None
+    return diffusers_pipeline(info.diffusers_class, info.path) if info.diffusers_class else None
 
 
 # Lowest priority: a family module that registers a diffusers class itself is matched first.

@@ -15,6 +15,7 @@ from omnistage.errors import InvalidRequestError, OmniError
 from omnistage.serving.artifacts import audio_of, sample_rate_of
 from omnistage.serving.context import ServerContext, get_context
 from omnistage.serving.generation import generate, last_output, unless_disconnected
+from omnistage.serving.limits import check_at_most
 from omnistage.serving.media import AUDIO_CONTENT_TYPES, encode_audio
 from omnistage.serving.protocol import AudioGenerateRequest
 from omnistage.serving.stage_params import build_stage_params, diffusion_fields, diffusion_origins
@@ -38,9 +39,10 @@ async def generate_audio(
                 f"audio_length: model {model.name!r} does not take an audio length", param="audio_length"
             )
         fields["extra"] = {length_arg: body.audio_length}
-    params = build_stage_params(
-        model, diffusion=fields, limits=model.limits(ctx.settings), origins=diffusion_origins(body)
-    )
+    limits = model.limits(ctx.settings)
+    what = f"{body.audio_length} s"
+    check_at_most(body.audio_length, limits, "max_output_audio_seconds", "audio_length", what)
+    params = build_stage_params(model, diffusion=fields, limits=limits, origins=diffusion_origins(body))
     stream = generate(model, ctx.metrics, body.input, params, f"audio-{uuid.uuid4().hex}", ["audio"])
     out = await unless_disconnected(request, last_output(stream))
     samples = audio_of(out)
