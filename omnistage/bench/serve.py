@@ -115,7 +115,7 @@ def main(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request would bury the table
     try:
         result = asyncio.run(bench(args))
-    except ValueError as exc:
+    except (ValueError, httpx.HTTPError) as exc:  # bad flags, or no server to ask for its models
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(format_summary(result), flush=True)
