@@ -39,3 +39,9 @@ format: setup
 
 bench-orchestrator: setup
 	$(PY) benchmarks/orchestrator_overhead.py
+
+.PHONY: qwen3-tts-reference
+# The Qwen3-TTS reference (qwen-tts-hf on transformers 5.17) in a venv of its own: tests/qwen3_tts compares
+# against it and skips without it.
+qwen3-tts-reference:
+	PYTHON=$(PYTHON) tests/qwen3_tts/reference_env.sh

@@ -1,0 +1,92 @@
+"""The talker's prompt for one request, assembled as the reference's
+`Qwen3TTSForConditionalGeneration.generate` assembles it (CustomVoice and VoiceDesign; not yet Base's
+voice-clone prompt).
+
+`input_ids` is the chat-wrapped text `<|im_start|>assistant\\n{text}<|im_end|>\\n<|im_start|>assistant\\n`
+(the first 3 and last 5 ids are the wrapper), `instruct_ids` the optional `<|im_start|>user\\n{instruct}...`.
+Writing T(ids) for projected text embeddings and C(ids) for codec embeddings, the rows are
+  T(instruct) | T(role) | T(pad)… + C(think prefix) [, speaker] , T(bos) + C(pad) | text part | …
+with the text either all in the prompt (non-streaming: T(text), T(eos) over C(pad), then T(pad) + C(bos))
+or one token per generated frame (streaming: T(text[0]) + C(bos) in the prompt, the rest + T(eos) fed with
+the frames). The rows still to feed are `inputs["trailing_text"]`, then `tts_pad_embed` for ever.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from omnistage.errors import InvalidRequestError
+
+ROLE, TAIL = 3, 5  # wrapper ids before and after the text in input_ids
+
+
+@torch.inference_mode()
+def talker_prompt(
+    loaded: Any,
+    input_ids: list[int],
+    instruct_ids: list[int] | None = None,
+    language: str = "auto",
+    speaker: str | None = None,
+    non_streaming: bool = True,
+) -> tuple[list[int], dict[str, Any]]:
+    """(placeholder prompt ids, `StageRequest.inputs` with inputs_embeds, trailing_text, tts_pad_embed)."""
+    tts, cfg = loaded.tts_config, loaded.talker_config
+    if len(input_ids) <= ROLE + TAIL:
+        raise InvalidRequestError("the text to speak is empty", param="input")
+    specials = [tts["tts_bos_token_id"], tts["tts_eos_token_id"], tts["tts_pad_token_id"]]
+    bos, eos, pad = loaded.text_rows(specials)
+    speaker_row = _speaker_row(loaded, speaker)
+    language_id = _language_id(cfg, language, speaker)
+    if language_id is None:
+        prefix = [cfg["codec_nothink_id"], cfg["codec_think_bos_id"], cfg["codec_think_eos_id"]]
+    else:
+        prefix = [cfg["codec_think_id"], cfg["codec_think_bos_id"], language_id, cfg["codec_think_eos_id"]]
+    codec = [loaded.codec_rows(prefix)]
+    if speaker_row is not None:
+        codec.append(speaker_row[None])
+    codec.append(loaded.codec_rows([cfg["codec_pad_id"], cfg["codec_bos_id"]]))
+    codec = torch.cat(codec)
+    n = codec.shape[0]
+    rows = [loaded.text_rows(input_ids[:ROLE]), torch.cat([pad.expand(n - 2, -1), bos[None]]) + codec[:-1]]
+    if instruct_ids:
+        rows.insert(0, loaded.text_rows(instruct_ids))
+    text = input_ids[ROLE:-TAIL]
+    if non_streaming:
+        spoken = torch.cat([loaded.text_rows(text), eos[None]])
+        rows.append(spoken + loaded.codec_rows([cfg["codec_pad_id"]] * (len(text) + 1)))
+        rows.append(pad[None] + loaded.codec_rows([cfg["codec_bos_id"]]))
+        trailing = pad[None]
+    else:
+        rows.append(loaded.text_rows(text[:1]) + codec[-1:])
+        trailing = torch.cat([loaded.text_rows(text[1:]), eos[None]])
+    embeds = torch.cat(rows)
+    inputs = {"inputs_embeds": embeds, "trailing_text": trailing, "tts_pad_embed": pad}
+    return [cfg["codec_pad_id"]] * embeds.shape[0], inputs
+
+
+def _speaker_row(loaded: Any, speaker: str | None) -> torch.Tensor | None:
+    if not speaker:
+        return None
+    speakers = loaded.talker_config.get("spk_id") or {}
+    if speaker.lower() not in speakers:
+        raise InvalidRequestError(
+            f"unknown voice {speaker!r}; this model has {sorted(speakers) or 'no preset voices'}",
+            param="voice",
+        )
+    spk = speakers[speaker.lower()]
+    return loaded.codec_rows(spk if isinstance(spk, list) else [spk])[0]
+
+
+def _language_id(cfg: dict[str, Any], language: str, speaker: str | None) -> int | None:
+    ids = cfg.get("codec_language_id") or {}
+    lang = (language or "auto").lower()
+    if lang != "auto" and (lang not in ids or "dialect" in lang):
+        names = ["Auto", *sorted(k.capitalize() for k in ids if "dialect" not in k)]
+        raise InvalidRequestError(f"unsupported language {language!r}; one of {names}", param="language")
+    language_id = None if lang == "auto" else ids[lang]
+    dialect = (cfg.get("spk_is_dialect") or {}).get((speaker or "").lower())
+    if lang in ("chinese", "auto") and dialect:
+        language_id = ids[dialect]
+    return language_id
