@@ -180,6 +180,21 @@ def test_bad_messages_are_error_events_and_the_session_goes_on(speech_server, sp
         ((sentence,),) = sentences_of(ws, 1)
         assert sentence["sentence_text"] == "Still buffered" and sentence["format"] == "pcm"
         assert len(b"".join(sentence["chunks"])) > 0
+        # A sentence the voice cannot say fails alone: an error event, then its one terminal audio.done.
+        send(ws, "input.text", text="ㅋㅋㅋ")  # words, but none the voice can say
+        send(ws, "input.done")
+        failed = error(ws, "input")
+        assert (failed["utterance_index"], failed["sentence_index"]) == (1, 0)
+        assert "nothing it can say" in failed["message"]
+        done = {
+            "type": "audio.done",
+            "utterance_index": 1,
+            "sentence_index": 0,
+            "total_bytes": 0,
+            "error": True,
+        }
+        assert event(ws) == done
+        assert event(ws) == {"type": "session.done", "utterance_index": 1, "total_sentences": 1}
     wait_idle(speech_http, VOICE_MODEL)
 
 
