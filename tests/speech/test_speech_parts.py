@@ -118,3 +118,32 @@ def test_an_idle_socket_is_closed_and_a_keyless_one_refused(tmp_path):
             assert idle["type"] == "error" and "idle" in idle["message"]
             closed = ws.receive()
             assert closed == {"type": "websocket.close", "code": 1000, "reason": ""}
+
+
+def test_qwen2_5_omni_lists_its_checkpoints_speakers(tmp_path):
+    """The per-checkpoint seam: the family names `voices_of`, serving calls it with the model dir."""
+    from types import SimpleNamespace
+
+    from omnistage.demo.qwen2_5_omni import qwen2_5_omni_dir
+    from omnistage.models.qwen2_5_omni.loaders import load_speakers
+    from omnistage.pipelines.qwen2_5_omni import QWEN2_5_OMNI
+    from omnistage.serving.served import ServedModel, ServedModels
+    from omnistage.serving.voices import Voices
+
+    model_dir = qwen2_5_omni_dir()
+    speakers = sorted(load_speakers(model_dir))
+    assert speakers  # the tiny checkpoint's spk_dict.pt
+    runtime = SimpleNamespace(model_dir=str(model_dir), pipeline=QWEN2_5_OMNI, model_name="omni")
+    models = ServedModels({"omni": runtime})
+    voices = Voices(models, VoiceStore(tmp_path, max_count=1))
+    assert voices.models["omni"].describe() == {
+        "model": "omni",
+        "voices": speakers,
+        "aliases": {},
+        "clones_voices": False,
+    }
+    model: ServedModel = models.models["omni"]
+    assert voices.check(model, speakers[0]) is None
+    with pytest.raises(InvalidRequestError) as unknown:
+        voices.check(model, "nobody")
+    assert unknown.value.param == "voice" and speakers[0] in unknown.value.message
