@@ -148,5 +148,5 @@ def create_engine(ctx: Any) -> Any:
         HibariVoice(load_hibari(threads)),
         max_num_seqs=ctx.deploy.max_num_seqs,
         chunk_size=1,
-        max_chunk_size=int(ctx.engine_args.get("max_chunk_sentences", 4)),
+        max_chunk_size=int(ctx.engine_args.get("max_chunk_sentences", 1)),
     )
