@@ -66,7 +66,10 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         "--shutdown-grace", type=float, default=ServerSettings.shutdown_grace_s, metavar="SECONDS"
     )
     group.add_argument(
-        "--voices-dir", type=Path, default=None, help="where uploaded voices live (default: the cache dir)"
+        "--voices-dir",
+        type=Path,
+        default=None,
+        help="where uploaded voices live (default: voices/ in --storage-dir if given, else in the cache dir)",
     )
     group.add_argument(
         "--max-voice-upload-bytes", type=int, default=ServerSettings.max_voice_upload_bytes, metavar="BYTES"
@@ -93,7 +96,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         allowed_local_media_path=args.allowed_local_media_path,
         allow_remote_media=args.allow_remote_media,
         shutdown_grace_s=args.shutdown_grace,
-        voices_dir=args.voices_dir or default_voices_dir(),
+        voices_dir=args.voices_dir
+        or (args.storage_dir / "voices" if args.storage_dir else default_voices_dir()),
         max_voice_upload_bytes=args.max_voice_upload_bytes,
         max_uploaded_voices=args.max_uploaded_voices,
         speech_stream_idle_timeout_s=args.speech_stream_idle_timeout,

@@ -4,11 +4,14 @@ the same fields, the batch's fields under each item's own, and bad items fail al
 from __future__ import annotations
 
 import base64
+import json
+import socket
 
 import pytest
 
+from tests.polling import wait_until
 from tests.speech.conftest import VOICE_MODEL
-from tests.speech.stages import wait_idle
+from tests.speech.stages import aborted, in_stages, wait_idle
 
 pytestmark = pytest.mark.e2e
 
@@ -66,4 +69,20 @@ def test_items_equal_single_requests_and_bad_items_fail_alone(speech_client, spe
     assert (
         usage["input_tokens"] > 0 and usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
     )
+    wait_idle(speech_http, VOICE_MODEL)
+
+
+def test_a_client_that_goes_away_aborts_every_item(speech_server, speech_http):
+    long_text = ", ".join(["the quick brown fox jumps over the lazy dog"] * 90)
+    body = json.dumps({"model": VOICE_MODEL, "items": [{"input": long_text}, {"input": long_text}]}).encode()
+    head = (
+        "POST /v1/audio/speech/batch HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    before = aborted(speech_http, VOICE_MODEL)
+    with socket.create_connection(("127.0.0.1", speech_server.port)) as sock:
+        sock.sendall(head.encode() + body)
+        wait_until(lambda: in_stages(speech_http, VOICE_MODEL) >= 1, 60, "the items in the voice stage")
+    # The connection closed before any byte of the answer: both items end aborted, none left running.
+    wait_until(lambda: aborted(speech_http, VOICE_MODEL) >= before + 2, 60, "both items aborted")
     wait_idle(speech_http, VOICE_MODEL)
