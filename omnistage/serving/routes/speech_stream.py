@@ -87,7 +87,10 @@ class SpeechSession:
             for task in (listener, speaker):
                 task.cancel()  # a sentence still being spoken is aborted in every stage
             with anyio.CancelScope(shield=True):
-                await asyncio.gather(listener, speaker, return_exceptions=True)
+                ended = await asyncio.gather(listener, speaker, return_exceptions=True)
+            for result in ended:
+                if isinstance(result, Exception):  # mostly a client gone while being answered
+                    logger.info("speech stream ended: %s: %s", type(result).__name__, result)
         if _succeeded(speaker) or (_succeeded(listener) and listener.result()):  # closed, or idle
             with contextlib.suppress(Exception):
                 await self.ws.close(1000)
@@ -219,7 +222,8 @@ class SpeechSession:
 
         async def send(data: bytes) -> None:
             state["total"] += len(data)
-            await self.ws.send_bytes(data)
+            async with self.send_lock:
+                await self.ws.send_bytes(data)
 
         failed = False
         try:
@@ -237,7 +241,11 @@ class SpeechSession:
             await self._error(bad.message, bad.param, **where)
         except OmniError as exc:
             failed = True
-            await self._error(exc.message, exc.param, **where)
+            await self._error(exc.message, exc.param, exc.status_code, **where)
+        except Exception as exc:  # a fault here fails this sentence, never the session
+            logger.exception("speech stream: sentence %d of utterance %d failed", index, utterance)
+            failed = True
+            await self._error(f"internal error ({type(exc).__name__})", None, 500, **where)
         event = {"type": "audio.done", **where, "total_bytes": state["total"], "error": failed}
         await self._send_json(event)
 
@@ -265,8 +273,8 @@ class SpeechSession:
         async with self.send_lock:
             await self.ws.send_json(event)
 
-    async def _error(self, message: str, param: str | None, **where: int) -> None:
-        await self._send_json({"type": "error", "message": message, "param": param, "code": 400, **where})
+    async def _error(self, message: str, param: str | None, code: int = 400, **where: int) -> None:
+        await self._send_json({"type": "error", "message": message, "param": param, "code": code, **where})
 
 
 def _succeeded(task: asyncio.Future) -> bool:
