@@ -59,7 +59,7 @@ def speech_input(ctx: StageInputContext) -> StageRequest:
         raise InvalidRequestError(
             "input: the voice found nothing it can say in this text (it speaks English)", param="input"
         )
-    phonemes = [int(i) for i in frames.flatten() if int(i) >= 0]  # the model's input tokens (usage)
+    phonemes = frames[frames >= 0].tolist()  # the model's input tokens (usage)
     return StageRequest(ctx.request_id, prompt=phonemes, params=voice_params(ctx), inputs={"codes": frames})
 
 

@@ -119,7 +119,7 @@ class HibariVoice:
         return run_to_end(self.generate_steps(windows, params, starts, spans))
 
     def speak(self, row: torch.Tensor, settings: VoiceSettings, index: int) -> torch.Tensor:
-        ids = [int(i) for i in row if int(i) != PAD]
+        ids = row[row != PAD].tolist()
         rng = np.random.default_rng([settings.seed, index])
         return torch.from_numpy(self.tts.from_ids(ids, settings.speed, rng).astype(np.float32))
 
@@ -144,8 +144,10 @@ def create_engine(ctx: Any) -> Any:
     from omnistage.stages.generation.engine import GenerationEngine
 
     threads = int(ctx.engine_args.get("threads", 1))
+    voice = HibariVoice(load_hibari(threads))
+    voice.sentence_rows("Ready.")  # its G2P loads its lexicons on first use: now, not in a request
     return GenerationEngine(
-        HibariVoice(load_hibari(threads)),
+        voice,
         max_num_seqs=ctx.deploy.max_num_seqs,
         chunk_size=1,
         max_chunk_size=int(ctx.engine_args.get("max_chunk_sentences", 1)),
