@@ -32,9 +32,8 @@ OPENAI_VOICES = {
 
 
 def spoken_wav(client: openai.OpenAI, text: str) -> bytes:
-    return client.audio.speech.create(
-        model=VOICE_MODEL, input=text, voice="heart", response_format="wav"
-    ).content
+    speech = client.audio.speech
+    return speech.create(model=VOICE_MODEL, input=text, voice="heart", extra_body={"seed": 1}).content
 
 
 def upload(http, name: str, data: bytes, **fields: str):
@@ -90,6 +89,21 @@ def test_upload_list_use_and_delete(speech_client, speech_http, voices_dir):
         json={"model": VOICE_MODEL, "items": [{"input": "Hi.", "voice": "sample_voice"}]},
     ).json()
     assert batch["failed"] == 1 and "cannot speak in uploaded voices" in batch["results"][0]["error"]
+
+    # Any container the decoders read: the same speech as FLAC is the same samples.
+    flac = speech_client.audio.speech.create(
+        model=VOICE_MODEL,
+        input="This is my own voice sample.",
+        voice="heart",
+        response_format="flac",
+        extra_body={"seed": 1},
+    ).content
+    files = {"audio_sample": ("s.flac", flac, "audio/flac")}
+    reply = speech_http.post("/v1/audio/voices", files=files, data={"name": "sample_flac", "consent": "c2"})
+    assert reply.status_code == 200 and reply.json()["voice"]["mime_type"] == "audio/flac"
+    with safe_open(voices_dir / "sample_flac.safetensors", "np") as handle:
+        assert np.abs(handle.get_tensor("audio") - expected).max() <= 1 / 32767 + 1e-6
+    assert speech_http.delete("/v1/audio/voices/sample_flac").status_code == 200
 
     deleted = speech_http.delete("/v1/audio/voices/sample_voice")
     assert deleted.status_code == 200 and deleted.json()["success"] is True
