@@ -64,3 +64,21 @@ def reference_codes(model_dir: Path, requests: list[dict[str, Any]]) -> list[tor
         _call("codes", str(model_dir), str(spec), str(tmp))
         tmp.rename(out)
     return torch.load(out)
+
+
+def reference_waveforms(model_dir: Path, codes: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The reference codec's fp32 waveform (`Qwen3TTSTokenizerV2Model.decode`) of each [T, 16] codes."""
+    key = hashlib.sha256()
+    key.update((Path(model_dir) / "speech_tokenizer" / "model.safetensors").read_bytes())
+    key.update(WORKER.read_bytes())
+    for c in codes:
+        key.update(c.to(torch.long).numpy().tobytes())
+    out = cache_root() / "qwen3-tts-ref" / "outputs" / f"wavs-{key.hexdigest()[:24]}.pt"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        spec = out.with_suffix(".codes.pt")
+        torch.save([c.to(torch.long) for c in codes], spec)
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        _call("decode", str(model_dir), str(spec), str(tmp))
+        tmp.rename(out)
+    return torch.load(out)

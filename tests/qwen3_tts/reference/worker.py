@@ -1,7 +1,8 @@
 """Runs inside the reference venv (transformers 5.17 + qwen-tts-hf 0.1.1.post1, see reference_env.sh), never
 in omnistage's: builds the tiny checkpoints from the reference's own config and model classes, and computes
 the reference's outputs for them. Called by tests/qwen3_tts/reference_outputs.py as
-`python worker.py build OUT_DIR VARIANT` or `python worker.py codes MODEL_DIR REQUESTS_JSON OUT_PT`."""
+`python worker.py build OUT_DIR VARIANT`, `python worker.py codes MODEL_DIR REQUESTS_JSON OUT_PT` or
+`python worker.py decode MODEL_DIR CODES_PT OUT_PT`."""
 
 from __future__ import annotations
 
@@ -55,7 +56,26 @@ def import_reference() -> types.ModuleType:
     for cls in (modeling.Qwen3TTSTalkerForConditionalGeneration,
                 modeling.Qwen3TTSTalkerCodePredictorModelForConditionalGeneration):  # fmt: skip
         cls._tied_weights_keys = {}  # a v4-style list breaks transformers 5's save_pretrained; none are tied
+    _patch_rope_default()
     return modeling
+
+
+def _patch_rope_default() -> None:
+    """The package registers a "default" RoPE init reading `config.rope_theta`, which 5.17's MimiConfig keeps
+    only in `rope_parameters`: the same init, reading it from there when the attribute is absent."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    init = ROPE_INIT_FUNCTIONS["default"]
+    if getattr(init, "_reads_rope_parameters", False):
+        return
+
+    def default(config, *args, **kwargs):  # noqa: ANN001, ANN202
+        if "rope_theta" not in config.__dict__:
+            config.rope_theta = config.rope_parameters["rope_theta"]
+        return init(config, *args, **kwargs)
+
+    default._reads_rope_parameters = True
+    ROPE_INIT_FUNCTIONS["default"] = default
 
 
 def tiny_config(modeling: types.ModuleType, variant: str):  # noqa: ANN201 - the reference's config class
@@ -112,6 +132,60 @@ def build(out_dir: str, variant: str) -> None:
                   "top_k": 50, "subtalker_dosample": True, "subtalker_temperature": 0.9,
                   "subtalker_top_p": 1.0, "subtalker_top_k": 50, "max_new_tokens": 8192}  # fmt: skip
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
+    build_codec(out / "speech_tokenizer")
+
+
+def codec_config():  # noqa: ANN201 - the reference's tokenizer config class
+    from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Config
+
+    decoder = dict(
+        codebook_size=2048, codebook_dim=32, hidden_size=32, latent_dim=32, max_position_embeddings=8000,
+        rope_theta=10000, num_attention_heads=2, num_key_value_heads=2, sliding_window=72,
+        intermediate_size=64, layer_scale_initial_scale=0.01, rms_norm_eps=1e-5, num_hidden_layers=2,
+        num_quantizers=16, upsample_rates=[8, 5, 4, 3], upsampling_ratios=[2, 2], decoder_dim=64,
+    )  # fmt: skip
+    encoder = dict(
+        sampling_rate=24000, frame_rate=12.5, audio_channels=1, hidden_size=32, num_filters=4,
+        num_residual_layers=1, upsampling_ratios=[8, 6, 5, 4], kernel_size=7, last_kernel_size=3,
+        residual_kernel_size=3, dilation_growth_rate=2, compress=2, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, head_dim=16, intermediate_size=64, codebook_size=2048,
+        codebook_dim=32,
+        num_quantizers=32, num_semantic_quantizers=1, sliding_window=250, max_position_embeddings=8000,
+        upsample_groups=32, rope_theta=10000.0,
+    )  # fmt: skip
+    config = Qwen3TTSTokenizerV2Config(encoder_config=encoder, decoder_config=decoder)
+    config.encoder_config.rope_theta = 10000.0  # read by the package's RoPE patch; 5.17 keeps it elsewhere
+    config.architectures = ["Qwen3TTSTokenizerV2Model"]
+    return config
+
+
+def build_codec(out: Path) -> None:
+    """The 12 Hz codec (Mimi encoder + the Qwen3-TTS decoder) with real upsampling (1920 samples a frame),
+    seeded. Random decoder weights at unit gain (its tiny init scales would give a ~1e-9 waveform), the last
+    conv scaled so a random frame sequence decodes to std 0.2: well off the +-1 clamp."""
+    from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Model
+
+    torch.manual_seed(0)
+    model = Qwen3TTSTokenizerV2Model(codec_config()).eval()
+    with torch.no_grad():
+        for name, param in model.decoder.named_parameters():
+            if name.endswith(("alpha", "beta")):
+                param.normal_(0.0, 0.3)
+            elif name.endswith(("gamma", "scale")):
+                param.fill_(1.0)
+            elif "embedding_sum" in name:
+                param.normal_(0.0, 1.0)
+            elif param.ndim >= 2 and "cluster_usage" not in name:
+                param.normal_(0.0, (param[0].numel()) ** -0.5)
+        probe = torch.randint(0, 2048, (1, 16, 24))
+        last = model.decoder.decoder[-1].conv
+        for _ in range(3):  # the clamp makes one rescale inexact
+            last.weight *= 0.2 / float(model.decoder(probe).std())
+    model.save_pretrained(out)
+    preprocessor = {"feature_extractor_type": "EncodecFeatureExtractor", "feature_size": 1,
+                    "padding_side": "right", "padding_value": 0.0, "return_attention_mask": True,
+                    "sampling_rate": 24000}  # fmt: skip
+    (out / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2))
 
 
 def load(model_dir: str):  # noqa: ANN201
@@ -150,6 +224,17 @@ def codes(model_dir: str, requests_json: str, out_pt: str) -> None:
     torch.save(results, out_pt)
 
 
+def decode(model_dir: str, codes_pt: str, out_pt: str) -> None:
+    """The reference codec's waveform (`Qwen3TTSTokenizerV2Model.decode`, fp32) of each [T, 16] codes."""
+    import_reference()
+    from qwen_tts.inference.qwen3_tts_tokenizer import Qwen3TTSTokenizer
+
+    codec = Qwen3TTSTokenizer.from_pretrained(str(Path(model_dir) / "speech_tokenizer")).model.eval()
+    with torch.no_grad():
+        wavs = [codec.decode(c[None].long()).audio_values[0].float().cpu() for c in torch.load(codes_pt)]
+    torch.save(wavs, out_pt)
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    {"build": build, "codes": codes}[sys.argv[1]](*sys.argv[2:])
+    {"build": build, "codes": codes, "decode": decode}[sys.argv[1]](*sys.argv[2:])

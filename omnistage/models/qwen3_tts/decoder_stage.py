@@ -1,0 +1,63 @@
+"""The codec-decoder stage: the 12 Hz codec decoder (codec.py) behind the generation engine.
+
+Frames in are the talker's [T, 16] codes (EOS frames dropped by the input processor); audio out is 1920
+samples a frame at 24 kHz. Full handoff decodes as the reference does (`chunked_decode`: 300-frame chunks,
+25 frames of left context). Async chunk decodes each new chunk with `left_context` earlier frames and no
+look-ahead (every layer is causal, so later frames never change earlier samples).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from omnistage.models.qwen3_tts.codec import CodecDecoder, load_codec
+from omnistage.stages.base import EngineContext
+from omnistage.stages.generation.engine import GenerationEngine
+
+SAMPLE_RATE = 24000
+
+
+class CodecGenerator:
+    """`generate(windows, params)`: one waveform [T * 1920] per [T, 16] code window."""
+
+    sample_rate = SAMPLE_RATE
+
+    def __init__(self, codec: CodecDecoder):
+        self.codec = codec
+        self.outputs_per_frame = codec.total_upsample
+
+    def generate(self, windows: list[torch.Tensor], params: list[Any]) -> list[torch.Tensor]:
+        device = next(self.codec.parameters()).device
+        out = []
+        for window in windows:
+            if window.shape[0] == 0:
+                out.append(torch.empty(0))
+                continue
+            codes = window.to(device, torch.long).clamp(min=0).T[None]  # [1, 16, T]
+            out.append(self.codec.chunked_decode(codes)[0, 0].float().cpu())
+        return out
+
+
+def create_engine(ctx: EngineContext) -> GenerationEngine:
+    """engine_args: `chunk_frames` (25), `first_chunk_frames` (the first chunk: its audio waits for fewer
+    frames), `left_context_frames` (25, the context the reference's own chunked decode gives each chunk;
+    "exact" takes the decoder's receptive field, `CodecDecoder.context_frames`, so that chunks join into
+    the one-pass waveform), `max_chunk_frames` (300). A stage deployed with `async_chunk: false` decodes
+    each request in one pass, exactly as the reference."""
+    args = ctx.engine_args
+    generator = CodecGenerator(load_codec(ctx.model_dir, torch.float32, ctx.device))
+    if ctx.deploy.async_chunk is False:
+        return GenerationEngine(generator, max_num_seqs=ctx.deploy.max_num_seqs)
+    chunk = int(args.get("chunk_frames", 25))
+    left = args.get("left_context_frames", 25)
+    left = generator.codec.context_frames() if left == "exact" else int(left)
+    return GenerationEngine(
+        generator,
+        max_num_seqs=ctx.deploy.max_num_seqs,
+        chunk_size=chunk,
+        max_chunk_size=int(args.get("max_chunk_frames", 300)),
+        first_chunk_size=int(args.get("first_chunk_frames", chunk)),
+        left_context=left,
+    )

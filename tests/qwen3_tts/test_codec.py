@@ -1,0 +1,114 @@
+"""The codec-decoder stage on the generation engine: the full-handoff waveform equals the reference codec's
+decode within 1e-4 (fp32); async chunks joined equal chunked decodes of the same windows, and with the
+decoder's receptive field as left context, the one-pass waveform."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omnistage.config.deploy import StageDeploy
+from omnistage.config.pipeline import StageSpec
+from omnistage.models.qwen3_tts.decoder_stage import create_engine
+from omnistage.stages.base import EngineContext, StageRequest
+from tests.qwen3_tts.reference_outputs import reference_codes, reference_waveforms, tiny_dir
+from tests.qwen3_tts.test_talker import reference_requests
+
+pytestmark = pytest.mark.engine
+
+FRAME = 1920  # samples a frame at 24 kHz (12.5 Hz)
+TOLERANCE = 1e-4
+# Chunks decoded with receptive-field context differ from the one-pass decode by fp32 rounding only: the
+# random unit-gain decoder amplifies it to a max of 1.2e-4 (mean 7e-6) on a waveform of std ~0.37, and
+# that max stays the same with 200 or 400 frames of context, so it is no context cut.
+ASYNC_TOLERANCE = 5e-4
+
+
+def engine(async_chunk: bool, **engine_args):  # noqa: ANN201
+    ctx = EngineContext(
+        stage=StageSpec(1, "codec", "generation", final_output=True, output_modality="audio"),
+        deploy=StageDeploy(stage_id=1, async_chunk=async_chunk, engine_args=engine_args, max_num_seqs=8),
+        model_dir=str(tiny_dir("custom_voice")),
+    )
+    return create_engine(ctx)
+
+
+def codes_under_test() -> list[torch.Tensor]:
+    """The reference talker's codes for the CustomVoice prompts, and 330 random frames (past the
+    reference's 300-frame decode chunk, so its chunk joins are exercised too)."""
+    talker = reference_codes(tiny_dir("custom_voice"), reference_requests("custom_voice"))
+    noise = torch.randint(0, 2048, (330, 16), generator=torch.Generator().manual_seed(0))
+    return [*talker, noise]
+
+
+def stream(eng, codes: list[torch.Tensor], piece: int = 7) -> dict[str, torch.Tensor]:
+    """Feed each request's frames `piece` at a time (as a talker would), step until every request ends."""
+    fed = [min(piece, len(c)) for c in codes]
+    for i, c in enumerate(codes):
+        eng.add_request(StageRequest(f"r{i}", inputs={"codes": c[: fed[i]]}, streaming_input=True))
+    audio: dict[str, list[torch.Tensor]] = {f"r{i}": [] for i in range(len(codes))}
+    finished: set[str] = set()
+    for _ in range(10_000):
+        for i, c in enumerate(codes):
+            if fed[i] < len(c):
+                n = min(piece, len(c) - fed[i])
+                eng.add_chunk(f"r{i}", {"codes": c[fed[i] : fed[i] + n]}, fed[i] + n >= len(c))
+                fed[i] += n
+        for out in eng.step():
+            audio[out.request_id].append(out.audio)
+            if out.finished:
+                finished.add(out.request_id)
+        if len(finished) == len(codes):
+            return {rid: torch.cat(parts) for rid, parts in audio.items()}
+    raise AssertionError(f"requests never finished: {set(audio) - finished}")
+
+
+def test_full_handoff_equals_reference() -> None:
+    codes = codes_under_test()
+    expected = reference_waveforms(tiny_dir("custom_voice"), codes)
+    eng = engine(async_chunk=False)
+    for i, c in enumerate(codes):
+        eng.add_request(StageRequest(f"r{i}", inputs={"codes": c}))
+    got = {}
+    for _ in range(100):
+        for out in eng.step():
+            got[out.request_id] = out.audio
+        if len(got) == len(codes):
+            break
+    for i, want in enumerate(expected):
+        wav = got[f"r{i}"]
+        assert wav.shape == (len(codes[i]) * FRAME,) == want.shape
+        assert (wav - want).abs().max() <= TOLERANCE, i
+        assert float(want.std()) > 0.1 and float((want.abs() > 0.999).float().mean()) < 0.05  # not clamped
+
+
+def test_async_chunks_join_into_the_one_pass_waveform_with_receptive_field_context() -> None:
+    """With the decoder's receptive field as left context every chunk's samples are those of the one-pass
+    decode: nothing further back reaches them (all layers causal; see CodecDecoder.context_frames)."""
+    codes = codes_under_test()
+    eng = engine(async_chunk=True, chunk_frames=25, first_chunk_frames=4, left_context_frames="exact")
+    codec = eng.generator.codec
+    assert eng.left_context == codec.context_frames() == 2 + 2 * 71 + 10
+    got = stream(eng, codes)
+    for i, c in enumerate(codes):
+        with torch.no_grad():
+            one_pass = codec(c.T[None])[0, 0]
+        assert got[f"r{i}"].shape == one_pass.shape
+        err = (got[f"r{i}"] - one_pass).abs()
+        assert err.max() <= ASYNC_TOLERANCE and err.mean() <= 2e-5, i
+
+
+def test_async_chunks_with_short_context_equal_the_references_chunking() -> None:
+    """The default context (25 frames, as the reference's own chunked decode): the joined audio equals
+    the reference decoder's `chunked_decode` with 25-frame chunks and 25 frames of context, and differs
+    from the one-pass decode once a chunk's context is cut (random weights reach far back)."""
+    codes = codes_under_test()
+    eng = engine(async_chunk=True, chunk_frames=25, max_chunk_frames=25)
+    codec = eng.generator.codec
+    got = stream(eng, codes, piece=5)
+    long = codes[-1]
+    with torch.no_grad():
+        chunked = codec.chunked_decode(long.T[None], chunk=25, left=25)[0, 0]
+        one_pass = codec(long.T[None])[0, 0]
+    assert (got[f"r{len(codes) - 1}"] - chunked).abs().max() <= TOLERANCE
+    assert (got[f"r{len(codes) - 1}"] - one_pass).abs().max() > 0.01
