@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from omnistage.stages.ar.attention import ATTENTION_NAME
-from omnistage.stages.ar.loader import LoadedModel
+from omnistage.stages.ar.loader import LoadedModel, load_tokenizer
 from omnistage.stages.ar.post_sample import PostSample, SampledStep
 
 WEIGHTS = "model.safetensors"
@@ -180,7 +180,7 @@ def load_talker(model_dir: str, dtype: torch.dtype, device: str) -> Qwen3TTSTalk
         decoder=decoder,
         head=root.head,
         config=decoder.config,
-        tokenizer=None,
+        tokenizer=load_tokenizer(model_dir),
         eos_token_ids=[int(cfg["codec_eos_token_id"])],
         root=root,
         text_embed=root.text_embed,

@@ -133,6 +133,43 @@ def build(out_dir: str, variant: str) -> None:
                   "subtalker_top_p": 1.0, "subtalker_top_k": 50, "max_new_tokens": 8192}  # fmt: skip
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
     build_codec(out / "speech_tokenizer")
+    build_tokenizer(out)
+
+
+SPECIALS = {151643: "<|endoftext|>", 151644: "<|im_start|>", 151645: "<|im_end|>", 151671: "<|tts_pad|>",
+            151672: "<|tts_text_bos|>", 151673: "<|tts_text_eod|>"}  # fmt: skip
+
+
+def build_tokenizer(out: Path) -> None:
+    """A byte-level BPE tokenizer with Qwen2's id layout: a small trained vocabulary padded with unused
+    entries to 151643 ids, then the chat and TTS special tokens at their real ids."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = ["Hello there, this is a small voice test.", "The quick brown fox jumps over the lazy dog.",
+              "assistant user system", "Speak slowly and clearly, in a warm voice!"] * 4  # fmt: skip
+    trainer = trainers.BpeTrainer(
+        vocab_size=600, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train_from_iterator(corpus, trainer)
+    spec = json.loads(tok.to_str())
+    vocab = spec["model"]["vocab"]
+    for i in range(len(vocab), 151643):
+        vocab[f"<|unused_{i}|>"] = i
+    spec["added_tokens"] = [
+        {"id": i, "content": text, "single_word": False, "lstrip": False, "rstrip": False,
+         "normalized": False, "special": True}
+        for i, text in SPECIALS.items()
+    ]  # fmt: skip
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+    )
+    fast.save_pretrained(str(out))
 
 
 def codec_config():  # noqa: ANN201 - the reference's tokenizer config class

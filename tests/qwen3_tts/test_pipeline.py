@@ -1,0 +1,77 @@
+"""The qwen3_tts pipeline end to end (offline API, one process, full handoff): a checkpoint directory
+resolves to the family by its config.json architectures, a CustomVoice and a VoiceDesign request speak the
+reference's waveform (its talker codes decoded by its codec) within 1e-4, and bad fields fail naming them."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+
+from omnistage import Omni
+from omnistage.config.resolve import resolve_pipeline
+from tests.qwen3_tts.reference_outputs import reference_codes, reference_waveforms, tiny_dir
+from tests.qwen3_tts.test_talker import MAX_NEW, talker_params
+
+pytestmark = pytest.mark.engine
+
+INLINE = "omnistage/pipelines/deploy/qwen3_tts_inline.yaml"
+
+
+def wrapped(tokenizer, text: str, instructions: str | None) -> dict:
+    """The reference's own prompt strings (its `_build_assistant_text` / `_build_instruct_text`)."""
+    ids = tokenizer(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
+    ins = tokenizer(f"<|im_start|>user\n{instructions}<|im_end|>\n")["input_ids"] if instructions else None
+    return {"input_ids": ids, "instruct_ids": ins}
+
+
+@pytest.mark.parametrize(
+    ("variant", "prompt"),
+    [
+        ("custom_voice", {"input": "Hello there, a test!", "speaker": "vivian", "language": "English"}),
+        ("voice_design", {"input": "The quick brown fox.", "instructions": "Speak in a warm voice"}),
+    ],
+)
+def test_speech_equals_reference_waveform(variant: str, prompt: dict) -> None:
+    model_dir = tiny_dir(variant)
+    pipeline, _ = resolve_pipeline(str(model_dir))
+    assert pipeline.name == "qwen3_tts"
+    with Omni(str(model_dir), INLINE) as omni:
+        tok = AutoTokenizer.from_pretrained(str(model_dir))
+        request = {
+            **wrapped(tok, prompt["input"], prompt.get("instructions")),
+            "language": prompt.get("language", "auto").lower(),
+            "speaker": prompt.get("speaker"),
+            "non_streaming_mode": True,
+            "max_new_tokens": MAX_NEW,
+        }
+        codes = reference_codes(model_dir, [request])
+        want = reference_waveforms(model_dir, codes)[0]
+        out = omni.generate({"task": "speech", **prompt}, [talker_params(), None], use_tqdm=False)[0]
+        assert out.error is None, out.error
+        assert out.sample_rate == 24000 and out.audio.shape == want.shape
+        assert float((out.audio.reshape(-1) - want).abs().max()) <= 1e-4
+        assert float(want.std()) > 0.1
+
+
+def test_bad_fields_fail_naming_them() -> None:
+    with Omni(str(tiny_dir("voice_design")), INLINE) as omni:
+        out = omni.generate({"task": "speech", "input": "Hi there"}, [talker_params(), None], use_tqdm=False)[
+            0
+        ]
+        assert out.error is not None and "instructions" in str(out.error)
+    with Omni(str(tiny_dir("custom_voice")), INLINE) as omni:
+        cases = [
+            ({"input": "Hi", "speaker": "nobody"}, "voice"),
+            ({"input": "Hi"}, "voice"),
+            ({"input": "Hi", "speaker": "ryan", "language": "Klingon"}, "language"),
+            ({"input": "   ", "speaker": "ryan"}, "input"),
+        ]
+        outs = omni.generate(
+            [{"task": "speech", **p} for p, _ in cases], [talker_params(), None], use_tqdm=False
+        )
+        for out, (_, field) in zip(outs, cases, strict=True):
+            assert out.error is not None and field in str(out.error), (field, out.error)
+        ok = omni.generate(
+            {"task": "speech", "input": "Hi", "speaker": "ryan"}, [talker_params(), None], use_tqdm=False
+        )
+        assert ok[0].error is None and ok[0].audio.numel() > 0
