@@ -4,6 +4,7 @@ prompts, each request alone and 8 of them batched, arriving at different steps."
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 import torch
 
@@ -131,3 +132,28 @@ def test_prompt_rejects_bad_fields_naming_them() -> None:
     with pytest.raises(InvalidRequestError) as err:
         talker_prompt(loaded, assistant([]), speaker="vivian")
     assert err.value.param == "input"
+
+
+def test_seeded_sampling_gives_the_same_codes_alone_and_batched() -> None:
+    """Sampled (the reference's defaults: temperature 0.9, top-k 50) with a seed: a request's frames are
+    the same alone and among 8 requests arriving at different steps, and other seeds give other frames."""
+    requests = reference_requests("custom_voice")
+
+    def sampled(engine, reqs: list[dict], seeds: list[int]) -> list[StageRequest]:
+        out = stage_requests(engine, reqs)
+        for req, seed in zip(out, seeds, strict=True):
+            req.params = msgspec.structs.replace(req.params, temperature=0.9, top_k=50, seed=seed)
+        return out
+
+    engine = talker("custom_voice")
+    alone, _ = run(engine, sampled(engine, requests[:1], [7]))
+    batch = requests + requests[::-1]
+    engine = talker("custom_voice")
+    seeds = [7, 1, 2, 3, 4, 5, 6, 8]
+    mixed, _ = run(engine, sampled(engine, [requests[0]] + batch[1:], seeds), [3, 0, 0, 1, 4, 6, 9, 11])
+    assert torch.equal(mixed["r0"].codes, alone["r0"].codes)
+    engine = talker("custom_voice")
+    greedy, _ = run(engine, stage_requests(engine, requests[:1]))
+    others = [mixed[f"r{i}"].codes for i in range(1, 8) if batch[i] is requests[0]]
+    assert others and all(not torch.equal(o, alone["r0"].codes) for o in others)
+    assert not torch.equal(greedy["r0"].codes, alone["r0"].codes)
