@@ -6,8 +6,11 @@ decoder, runs on the generation engine (models/qwen3_tts/decoder_stage.py): in a
 frames as they come, in full handoff once the talker is done, exactly as the reference.
 
 Tasks follow the checkpoint's `tts_model_type`: CustomVoice (`custom_voice`: a preset `voice`, optional
-`instructions`), VoiceDesign (`voice_design`: `instructions` required, no preset voice). Base
-(`base`: voice cloning) is not served yet: a Base checkpoint answers 400 saying so.
+`instructions`), VoiceDesign (`voice_design`: `instructions` required, no preset voice), Base (`base`:
+voice cloning from an uploaded voice, x-vector-only: the clip's speaker embedding in the preset speaker's
+place). In-context cloning (the clip's codes and transcript in the prompt) is not served yet: a Base
+request that would need it (`ref_text` without `x_vector_only_mode`) answers 400 saying so. A request
+that does not fit the checkpoint's task answers 400 naming the task the checkpoint serves.
 """
 
 from __future__ import annotations
@@ -49,12 +52,16 @@ def speech_input(ctx: StageInputContext) -> StageRequest:
         raise InvalidRequestError("input: Input text cannot be empty", param="input")
     task = loaded.tts_config.get("tts_model_type")
     speaker, instructions = prompt.get("speaker"), prompt.get("instructions")
-    if task == "base" or prompt.get("uploaded_voice") or prompt.get("ref_audio"):
+    cloned = prompt.get("uploaded_voice")
+    if (cloned is not None) != (task == "base"):
         raise InvalidRequestError(
-            f"task_type: this checkpoint serves {TASKS.get(task, task)}; voice cloning (Base) is not served "
-            "by omnistage yet",
-            param="task_type",
+            f"voice: this checkpoint serves {TASKS.get(task, task)}"
+            + (": it clones an uploaded voice" if task == "base" else "; it cannot clone an uploaded voice"),
+            param="voice",
         )
+    speaker_embed = None
+    if cloned is not None:  # the reference's voice clone takes no instructions
+        speaker, instructions, speaker_embed = None, None, _x_vector(loaded, cloned, prompt)
     if task == "custom_voice" and not speaker:
         raise InvalidRequestError(
             "voice: CustomVoice needs a voice (one of the model's speakers)", param="voice"
@@ -68,12 +75,45 @@ def speech_input(ctx: StageInputContext) -> StageRequest:
     instruct_ids = None
     if instructions:
         instruct_ids = tokenizer(f"<|im_start|>user\n{instructions}<|im_end|>\n")["input_ids"]
+    language = str(prompt.get("language") or "auto")
+    # The reference's defaults: the whole text in the prompt, except Base, which reads a token a frame.
+    non_streaming = task != "base"
     ids, inputs = talker_prompt(
-        loaded, input_ids, instruct_ids, str(prompt.get("language") or "auto"), speaker, non_streaming=True
+        loaded, input_ids, instruct_ids, language, speaker, non_streaming, speaker_embed=speaker_embed
     )
     text_tokens = len(input_ids) + len(instruct_ids or [])
     inputs["output_data"] = {"input_text_tokens": text_tokens}
     return StageRequest(ctx.request_id, prompt=ids, params=ctx.params, inputs=inputs)
+
+
+def _x_vector(loaded: object, voice: dict, prompt: dict) -> torch.Tensor:
+    """An uploaded voice's x-vector, computed once per voice file and kept on the loaded model."""
+    import os
+
+    import numpy as np
+
+    from omnistage.media import decode_audio
+    from omnistage.models.qwen3_tts.speaker import SAMPLE_RATE
+
+    if voice.get("ref_text") and not prompt.get("x_vector_only_mode", True):
+        raise InvalidRequestError(
+            "x_vector_only_mode: in-context cloning (with the clip's transcript) is not served yet; set "
+            "it to true",
+            param="x_vector_only_mode",
+        )
+    cache = loaded.__dict__.setdefault("x_vectors", {})
+    stat = os.stat(voice["path"])
+    key = (voice["path"], stat.st_mtime_ns, stat.st_size)
+    if key not in cache:
+        with open(voice["path"], "rb") as f:
+            samples, rate = decode_audio(f.read())
+        samples = samples.mean(axis=0) if samples.ndim == 2 else samples
+        if rate != SAMPLE_RATE:
+            from omnistage.serving.media import resample
+
+            samples = resample(samples, rate, SAMPLE_RATE)
+        cache[key] = loaded.speaker_encoder.embed(torch.from_numpy(np.asarray(samples, dtype=np.float32)))
+    return cache[key]
 
 
 def _frames(codes: torch.Tensor | None) -> torch.Tensor:
@@ -140,6 +180,7 @@ QWEN3_TTS = registry.register(
             prompt="speech",
             fields={"sampling": (0,), "generation": (1,)},
             voices_of="omnistage.pipelines.qwen3_tts:checkpoint_speakers",
+            clones_voices=True,
         ),
     )
 )

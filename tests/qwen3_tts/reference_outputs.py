@@ -82,3 +82,23 @@ def reference_waveforms(model_dir: Path, codes: list[torch.Tensor]) -> list[torc
         _call("decode", str(model_dir), str(spec), str(tmp))
         tmp.rename(out)
     return torch.load(out)
+
+
+def reference_clone(model_dir: Path, requests: list[dict[str, Any]], clips: list[torch.Tensor]) -> dict:
+    """Base x-vector-only cloning in the reference: {"xvectors": [[enc_dim]], "codes": [[T, 16]]}."""
+    key = hashlib.sha256()
+    key.update((Path(model_dir) / "model.safetensors").read_bytes())
+    key.update(WORKER.read_bytes())
+    key.update(json.dumps(requests, sort_keys=True).encode())
+    for clip in clips:
+        key.update(clip.float().numpy().tobytes())
+    out = cache_root() / "qwen3-tts-ref" / "outputs" / f"clone-{key.hexdigest()[:24]}.pt"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        spec, audio = out.with_suffix(".json"), out.with_suffix(".clips.pt")
+        spec.write_text(json.dumps(requests))
+        torch.save([c.float() for c in clips], audio)
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        _call("clone", str(model_dir), str(spec), str(audio), str(tmp))
+        tmp.rename(out)
+    return torch.load(out)

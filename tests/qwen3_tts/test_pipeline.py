@@ -1,6 +1,7 @@
 """The qwen3_tts pipeline end to end (offline API, one process, full handoff): a checkpoint directory
-resolves to the family by its config.json architectures, a CustomVoice and a VoiceDesign request speak the
-reference's waveform (its talker codes decoded by its codec) within 1e-4, and bad fields fail naming them."""
+resolves to the family by its config.json architectures, CustomVoice, VoiceDesign and Base (x-vector clone)
+requests speak the reference's waveform (its talker codes decoded by its codec) within 1e-4, and bad fields
+fail naming them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from transformers import AutoTokenizer
 
 from omnistage import Omni
 from omnistage.config.resolve import resolve_pipeline
-from tests.qwen3_tts.reference_outputs import reference_codes, reference_waveforms, tiny_dir
+from tests.qwen3_tts.reference_outputs import reference_clone, reference_codes, reference_waveforms, tiny_dir
 from tests.qwen3_tts.test_talker import MAX_NEW, talker_params
 
 pytestmark = pytest.mark.engine
@@ -75,3 +76,36 @@ def test_bad_fields_fail_naming_them() -> None:
             {"task": "speech", "input": "Hi", "speaker": "ryan"}, [talker_params(), None], use_tqdm=False
         )
         assert ok[0].error is None and ok[0].audio.numel() > 0
+
+
+def test_base_clones_an_uploaded_voice_as_the_reference(tmp_path) -> None:
+    """Base, x-vector-only: an uploaded voice's clip (a WAV file) speaks the reference's waveform; a Base
+    request without an uploaded voice, and a preset-voice checkpoint given one, are refused naming voice."""
+    import soundfile
+
+    from tests.qwen3_tts.test_clone import clip
+
+    model_dir = tiny_dir("base")
+    samples = clip(5, 1.5)
+    path = tmp_path / "voice.wav"
+    soundfile.write(str(path), samples.numpy(), 24000, subtype="FLOAT")
+    voice = {"name": "mine", "path": str(path), "sample_rate": 24000, "ref_text": None}
+    text = "Hello there, a test!"
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    request = {**wrapped(tok, text, None), "language": "english", "non_streaming_mode": False}
+    request = {**request, "max_new_tokens": MAX_NEW}
+    request.pop("instruct_ids")
+    codes = reference_clone(model_dir, [request], [samples])["codes"]
+    want = reference_waveforms(model_dir, codes)[0]
+    with Omni(str(model_dir), INLINE) as omni:
+        prompt = {"task": "speech", "input": text, "language": "English", "uploaded_voice": voice}
+        out = omni.generate(prompt, [talker_params(), None], use_tqdm=False)[0]
+        assert out.error is None, out.error
+        assert out.audio.reshape(-1).shape == want.shape
+        assert float((out.audio.reshape(-1) - want).abs().max()) <= 1e-4
+        bad = omni.generate({"task": "speech", "input": text}, [talker_params(), None], use_tqdm=False)[0]
+        assert bad.error is not None and "voice" in str(bad.error) and "Base" in str(bad.error)
+    with Omni(str(tiny_dir("custom_voice")), INLINE) as omni:
+        prompt = {"task": "speech", "input": text, "speaker": "mine", "uploaded_voice": voice}
+        bad = omni.generate(prompt, [talker_params(), None], use_tqdm=False)[0]
+        assert bad.error is not None and "CustomVoice" in str(bad.error)

@@ -1,6 +1,6 @@
 """The talker's prompt for one request, assembled as the reference's
-`Qwen3TTSForConditionalGeneration.generate` assembles it (CustomVoice and VoiceDesign; not yet Base's
-voice-clone prompt).
+`Qwen3TTSForConditionalGeneration.generate` assembles it (CustomVoice, VoiceDesign and Base's x-vector-only
+voice clone; not yet Base's in-context prompt with the reference clip's codes).
 
 `input_ids` is the chat-wrapped text `<|im_start|>assistant\\n{text}<|im_end|>\\n<|im_start|>assistant\\n`
 (the first 3 and last 5 ids are the wrapper), `instruct_ids` the optional `<|im_start|>user\\n{instruct}...`.
@@ -30,14 +30,18 @@ def talker_prompt(
     language: str = "auto",
     speaker: str | None = None,
     non_streaming: bool = True,
+    speaker_embed: torch.Tensor | None = None,
 ) -> tuple[list[int], dict[str, Any]]:
-    """(placeholder prompt ids, `StageRequest.inputs` with inputs_embeds, trailing_text, tts_pad_embed)."""
+    """(placeholder prompt ids, `StageRequest.inputs` with inputs_embeds, trailing_text, tts_pad_embed).
+    `speaker_embed`: a cloned voice's x-vector (Base), in the preset speaker's place."""
     tts, cfg = loaded.tts_config, loaded.talker_config
     if len(input_ids) <= ROLE + TAIL:
         raise InvalidRequestError("the text to speak is empty", param="input")
     specials = [tts["tts_bos_token_id"], tts["tts_eos_token_id"], tts["tts_pad_token_id"]]
     bos, eos, pad = loaded.text_rows(specials)
     speaker_row = _speaker_row(loaded, speaker)
+    if speaker_embed is not None:
+        speaker_row = speaker_embed.to(bos.device, bos.dtype).reshape(-1)
     language_id = _language_id(cfg, language, speaker)
     if language_id is None:
         prefix = [cfg["codec_nothink_id"], cfg["codec_think_bos_id"], cfg["codec_think_eos_id"]]

@@ -100,6 +100,7 @@ class Qwen3TTSTalker(LoadedModel):
     text_embed: nn.Module | None = None
     text_projection: nn.Module | None = None
     code_predictor: CodePredictor | None = None
+    speaker_encoder: nn.Module | None = None  # Base checkpoints: a reference clip's x-vector (speaker.py)
     tts_config: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
@@ -156,6 +157,10 @@ def load_talker(model_dir: str, dtype: torch.dtype, device: str) -> Qwen3TTSTalk
     act = cfg.get("hidden_act", "silu")
     root.text_projection = TextProjection(cfg["text_hidden_size"], cfg["hidden_size"], act)
     root.code_predictor = CodePredictor(cfg["code_predictor_config"], cfg["hidden_size"])
+    if tts.get("tts_model_type") == "base":
+        from omnistage.models.qwen3_tts.speaker import SpeakerEncoder
+
+        root.speaker_encoder = SpeakerEncoder(tts["speaker_encoder_config"])
     state = load_file(str(Path(model_dir) / WEIGHTS))
     names = {
         "talker.model.codec_embedding.weight": "embed.weight",
@@ -170,6 +175,8 @@ def load_talker(model_dir: str, dtype: torch.dtype, device: str) -> Qwen3TTSTalk
             mapped["decoder." + key.removeprefix("talker.model.")] = value
         elif key.startswith("talker."):
             mapped[key.removeprefix("talker.")] = value
+        elif key.startswith("speaker_encoder.") and hasattr(root, "speaker_encoder"):
+            mapped[key] = value
     missing, unexpected = root.load_state_dict(mapped, strict=False)
     missing = [k for k in missing if "rotary_emb" not in k]
     if missing or unexpected:
@@ -186,6 +193,7 @@ def load_talker(model_dir: str, dtype: torch.dtype, device: str) -> Qwen3TTSTalk
         text_embed=root.text_embed,
         text_projection=root.text_projection,
         code_predictor=root.code_predictor,
+        speaker_encoder=getattr(root, "speaker_encoder", None),
         tts_config=tts,
     )
 

@@ -2,7 +2,8 @@
 in omnistage's: builds the tiny checkpoints from the reference's own config and model classes, and computes
 the reference's outputs for them. Called by tests/qwen3_tts/reference_outputs.py as
 `python worker.py build OUT_DIR VARIANT`, `python worker.py codes MODEL_DIR REQUESTS_JSON OUT_PT` or
-`python worker.py decode MODEL_DIR CODES_PT OUT_PT`."""
+`python worker.py decode MODEL_DIR CODES_PT OUT_PT` or
+`python worker.py clone MODEL_DIR REQUESTS_JSON AUDIO_PT OUT_PT`."""
 
 from __future__ import annotations
 
@@ -261,6 +262,27 @@ def codes(model_dir: str, requests_json: str, out_pt: str) -> None:
     torch.save(results, out_pt)
 
 
+def clone(model_dir: str, requests_json: str, audio_pt: str, out_pt: str) -> None:
+    """Base, x-vector-only voice cloning: each request's reference clip (24 kHz, one per request in
+    `audio_pt`) → the reference's x-vector and its greedy codes with that speaker embedding."""
+    model = load(model_dir)
+    clips = torch.load(audio_pt)
+    xvectors, results = [], []
+    for req, clip in zip(json.loads(Path(requests_json).read_text()), clips, strict=True):
+        xvector = model.extract_speaker_embedding(clip.numpy().astype("float32"), 24000)
+        prompt = {"ref_spk_embedding": [xvector], "x_vector_only_mode": [True], "icl_mode": [False],
+                  "ref_code": None}  # fmt: skip
+        with torch.no_grad():
+            got, _ = model.generate(
+                input_ids=[torch.tensor([req["input_ids"]])], voice_clone_prompt=prompt,
+                languages=[req["language"]], non_streaming_mode=req["non_streaming_mode"],
+                max_new_tokens=req["max_new_tokens"], do_sample=False, subtalker_dosample=False,
+            )  # fmt: skip
+        xvectors.append(xvector.float().cpu())
+        results.append(got[0].cpu())
+    torch.save({"xvectors": xvectors, "codes": results}, out_pt)
+
+
 def decode(model_dir: str, codes_pt: str, out_pt: str) -> None:
     """The reference codec's waveform (`Qwen3TTSTokenizerV2Model.decode`, fp32) of each [T, 16] codes."""
     import_reference()
@@ -274,4 +296,4 @@ def decode(model_dir: str, codes_pt: str, out_pt: str) -> None:
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    {"build": build, "codes": codes, "decode": decode}[sys.argv[1]](*sys.argv[2:])
+    {"build": build, "codes": codes, "clone": clone, "decode": decode}[sys.argv[1]](*sys.argv[2:])
