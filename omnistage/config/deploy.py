@@ -50,6 +50,10 @@ class StageDeploy:
     # while (cores the others leave idle), `num_threads` otherwise; 0 or unset: off. Threads are per
     # process: inline stages ignore it (runtime/stage_board.py).
     solo_threads: int | None = None
+    # An idle stage that receives work waits until its inbox has been quiet this long (at most 20 ms) so a
+    # burst of requests starts as one batch; 0 suits a stage that gains nothing from batching (a model that
+    # runs one request at a time), where the wait is only latency.
+    burst_settle_ms: float = 3.0
 
     def connector_from(self, stage_id: int, connectors: dict[str, dict[str, Any]]) -> dict[str, Any]:
         """The connector spec for the edge from `stage_id` into this stage."""
@@ -266,6 +270,9 @@ def _validated(stage: StageDeploy, connectors: dict[str, dict[str, Any]]) -> Sta
     solo = stage.solo_threads
     if solo is not None and (isinstance(solo, bool) or not isinstance(solo, int) or solo < 0):
         raise ConfigError(f"{where}: solo_threads must be a non-negative integer (0: off)")
+    settle = stage.burst_settle_ms
+    if isinstance(settle, bool) or not isinstance(settle, int | float) or not 0 <= settle <= 20:
+        raise ConfigError(f"{where}: burst_settle_ms must be a number of milliseconds in [0, 20]")
     if stage.placement == "inline" and stage.replicas != 1:
         raise ConfigError(f"{where}: inline placement runs exactly one replica")
     if isinstance(stage.devices, str):

@@ -148,6 +148,7 @@ class InlineStageClient(StageClient):
             self.inbox,
             self.on_message,
             stream_tensors=self.stream_tensors,
+            settle_quiet_ms=self.deploy.burst_settle_ms,
             seat=self.board_seat,
             yields=self.deploy.yield_to_first_outputs,
         )

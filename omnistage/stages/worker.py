@@ -288,6 +288,7 @@ def serve_stage(
     build: Callable[[], tuple[Any, str]],
     inbox: Inbox,
     send: Callable[[Any], None],
+    settle_quiet_ms: float = SETTLE_QUIET_MS,
     **worker_options: Any,
 ) -> bool:
     """Build the engine (`build` returns it and its device), say Ready, and drive it until Shutdown; the
@@ -321,7 +322,12 @@ def serve_stage(
                 # outputs): let the rest of it in first, so it starts in one batch rather than one request
                 # a step ahead of the others, out of step with them in every stage after.
                 deadline = time.monotonic() + SETTLE_MAX_S
-                while idle and time.monotonic() < deadline and inbox.wait(SETTLE_QUIET_MS / 1000):
+                while (
+                    idle
+                    and settle_quiet_ms
+                    and time.monotonic() < deadline
+                    and inbox.wait(settle_quiet_ms / 1e3)
+                ):
                     deliver()
             if worker.has_work() and not worker.stopped:
                 worker.step()
@@ -429,6 +435,7 @@ def main(config_path: str) -> None:
             _SocketInbox(inbox, Codec(ToWorkerType).decode),
             send,
             stream_tensors=cfg.stream_tensors,
+            settle_quiet_ms=cfg.deploy.burst_settle_ms,
             seat=cfg.board_seat,
             yields=cfg.deploy.yield_to_first_outputs,
             solo_threads=cfg.deploy.solo_threads,

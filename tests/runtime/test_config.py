@@ -109,6 +109,14 @@ def test_unknown_keys_name_key_and_file(tmp_path):
         resolve_deploy(speech_pipeline(), None, stage_overrides={"7": {"max_num_seqs": 1}})
     with pytest.raises(ConfigError, match="placement"):
         resolve_deploy(speech_pipeline(), None, cli={"placement": "cloud"})
+    with pytest.raises(ConfigError, match=r"burst_settle_ms must be a number of milliseconds in \[0, 20\]"):
+        resolve_deploy(speech_pipeline(), None, stage_overrides={"1": {"burst_settle_ms": 50}})
+    assert (
+        resolve_deploy(speech_pipeline(), None, stage_overrides={"1": {"burst_settle_ms": 0}})
+        .stage(1)
+        .burst_settle_ms
+        == 0
+    )
 
 
 def test_connectors_and_async_edges(tmp_path):
