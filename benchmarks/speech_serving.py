@@ -7,10 +7,15 @@ a client hears it. Per level: time to first audio p50/p99, real-time factor (req
 length, p50) and audio-seconds per second (all audio / wall time). The baseline speaks the same texts with
 `Hibari.stream`, its own sentence-by-sentence generator: its first audio is its first sentence.
 
+Time to first audio at concurrency 1 is also measured in pairs (one library request, then the same text
+through the server, alternating), so the machine's swings hit both alike: the ratio of the two medians is
+the time-to-first-audio figure.
+
 Spoken chat: the demo's chat model with its voice, one server per handoff mode (`--stage-overrides` sets
 the voice stage's `async_chunk`), the same greedy questions; time to first audio chunk of the SSE stream.
 
-    python benchmarks/speech_serving.py [--requests 32] [--rounds 2] [--chat-requests 6] [--skip-chat]
+    python benchmarks/speech_serving.py [--requests 32] [--rounds 2] [--pairs 40] [--chat-requests 6]
+                                        [--skip-chat]
 """
 
 from __future__ import annotations
@@ -162,7 +167,37 @@ async def chat_ttfa(client: httpx.AsyncClient, model: str, question: str) -> flo
     raise SystemExit(f"no audio in the spoken answer to {question!r}")
 
 
-async def run_speech(port: int, args: argparse.Namespace) -> list[dict]:
+async def server_ttfa(client: httpx.AsyncClient, model: str, i: int) -> float:
+    body = {
+        "model": model,
+        "input": TEXTS[i % len(TEXTS)],
+        "response_format": "pcm",
+        "stream_format": "audio",
+    }
+    began = time.perf_counter()
+    async with client.stream("POST", "/v1/audio/speech", json={**body, "seed": i}) as response:
+        async for data in response.aiter_bytes():
+            if data:
+                return time.perf_counter() - began
+    raise SystemExit("the server sent no audio")
+
+
+async def paired_ttfa(client: httpx.AsyncClient, model: str, pairs: int) -> tuple[float, float]:
+    """(library median, server median) time to first audio, measured alternately on the same texts."""
+    from omnistage.models.hibari.voice import load_hibari
+
+    tts = load_hibari(1)
+    tts("Warm up.")
+    library, served = [], []
+    for i in range(pairs):
+        began = time.perf_counter()
+        next(iter(tts.stream(TEXTS[i % len(TEXTS)], seed=i)))
+        library.append(time.perf_counter() - began)
+        served.append(await server_ttfa(client, model, i))
+    return statistics.median(library), statistics.median(served)
+
+
+async def run_speech(port: int, args: argparse.Namespace) -> tuple[list[dict], tuple[float, float]]:
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600, limits=limits) as client:
         model = (await client.get("/v1/models")).json()["data"][0]["id"]
@@ -171,7 +206,7 @@ async def run_speech(port: int, args: argparse.Namespace) -> list[dict]:
         for c in CONCURRENCY:
             rounds = [await speech_load(client, model, max(args.requests, c), c) for _ in range(args.rounds)]
             results.append(max(rounds, key=lambda r: r["audio_s_per_s"]))
-        return results
+        return results, await paired_ttfa(client, model, args.pairs)
 
 
 async def run_chat(port: int, n: int) -> list[float]:
@@ -199,6 +234,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=32, help="speech requests per round and level")
     parser.add_argument("--rounds", type=int, default=2, help="rounds per level (the best is kept)")
     parser.add_argument("--chat-requests", type=int, default=6)
+    parser.add_argument("--pairs", type=int, default=40, help="alternating library/server TTFA pairs")
     parser.add_argument("--skip-chat", action="store_true")
     parser.add_argument("--port", type=int, default=8771)
     args = parser.parse_args()
@@ -209,7 +245,7 @@ def main() -> None:
     base = max((baseline(args.requests, t) for t in (1, 2)), key=lambda r: r["audio_s_per_s"])
     proc = start_server(str(voice_dir()), args.port, [])
     try:
-        served = asyncio.run(run_speech(args.port, args))
+        served, (lib_ttfa, served_ttfa) = asyncio.run(run_speech(args.port, args))
     finally:
         stop(proc)
     print(table([base], f"hibari library, one request at a time ({base['threads']} thread(s), its fastest):"))
@@ -219,6 +255,10 @@ def main() -> None:
             f"c={r['concurrency']:>2}: audio-s/s {r['audio_s_per_s'] / base['audio_s_per_s']:.2f}x the "
             f"library, ttfa p50 {r['ttfa_p50_s'] / base['ttfa_p50_s']:.2f}x"
         )
+    print(
+        f"time to first audio in {args.pairs} alternating pairs (medians): library {lib_ttfa * 1e3:.1f} ms "
+        f"(its first sentence), server {served_ttfa * 1e3:.1f} ms, ratio {served_ttfa / lib_ttfa:.2f}x"
+    )
     if not args.skip_chat:
         spoken = str(demo_model_dirs()[0])
         ttfa = {}
