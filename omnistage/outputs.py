@@ -31,6 +31,22 @@ class Choice(msgspec.Struct):
     finish_reason: str | None = None
 
 
+class TokenCounts(msgspec.Struct, omit_defaults=True):
+    """What a stage counts toward its request's usage, where the prompt it runs is not the user's input
+    (a TTS talker's prompt is placeholder rows; its input is the text and a reference clip)."""
+
+    input_text_tokens: int | None = None
+    input_audio_tokens: int | None = None
+    output_tokens: int | None = None
+
+    def merged(self, other: TokenCounts | None) -> TokenCounts:
+        """These counts with `other`'s set fields on top."""
+        if other is None:
+            return self
+        changes = {f: v for f in self.__struct_fields__ if (v := getattr(other, f)) is not None}
+        return msgspec.structs.replace(self, **changes)
+
+
 # Bulk fields: tensors that are appended along dim 0 as a request streams (or sent once, for media).
 BULK_FIELDS = ("hidden_states", "codes", "audio", "images", "video", "tensors")
 
@@ -60,6 +76,7 @@ class StageOutput(msgspec.Struct):
     num_cached_tokens: int | None = None
     choice: Choice | None = None
     stop_reason: str | None = None  # the stop string that ended the text, if any
+    token_counts: TokenCounts | None = None  # sent with a request's first output, when the stage counts
     metrics: dict[str, Any] = msgspec.field(default_factory=dict)
     tensors: dict[str, Any] = msgspec.field(default_factory=dict)
     data: dict[str, Any] = msgspec.field(default_factory=dict)
@@ -141,6 +158,7 @@ class StageResult(msgspec.Struct):
     num_cached_tokens: int | None = None
     choice: Choice | None = None
     stop_reason: str | None = None
+    token_counts: TokenCounts | None = None
     metrics: dict[str, Any] = msgspec.field(default_factory=dict)
     chunks: dict[str, list[Any]] = msgspec.field(default_factory=dict)  # the family's `tensors`
     data: dict[str, Any] = msgspec.field(default_factory=dict)
@@ -175,6 +193,8 @@ class StageResult(msgspec.Struct):
             value = getattr(out, name)
             if value is not None:
                 setattr(self, name, value)
+        if out.token_counts is not None:
+            self.token_counts = (self.token_counts or TokenCounts()).merged(out.token_counts)
         self.metrics.update(out.metrics)
         self.data.update(out.data)
         if out.finished:
@@ -242,6 +262,7 @@ class OmniRequestOutput:
     error: OmniError | None = None
     progress: Progress | None = None
     prompt_token_ids: list[int] = dataclasses.field(default_factory=list)
+    token_counts: TokenCounts | None = None  # what the stages counted toward usage (see TokenCounts)
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
 

@@ -23,7 +23,7 @@ import torch
 from omnistage.config.capabilities import Capabilities
 from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
 from omnistage.errors import InvalidRequestError
-from omnistage.outputs import StageOutput
+from omnistage.outputs import StageOutput, TokenCounts
 from omnistage.params import GenerationParams
 from omnistage.pipelines import registry
 from omnistage.stages.base import StageInputContext, StageRequest
@@ -59,8 +59,10 @@ def speech_input(ctx: StageInputContext) -> StageRequest:
         raise InvalidRequestError(
             "input: the voice found nothing it can say in this text (it speaks English)", param="input"
         )
-    phonemes = frames[frames >= 0].tolist()  # the model's input tokens (usage)
-    return StageRequest(ctx.request_id, prompt=phonemes, params=voice_params(ctx), inputs={"codes": frames})
+    counts = TokenCounts(input_text_tokens=int((frames >= 0).sum()))  # the voice reads phonemes
+    return StageRequest(
+        ctx.request_id, params=voice_params(ctx), inputs={"codes": frames}, token_counts=counts
+    )
 
 
 def reply_input(ctx: StageInputContext) -> StageRequest:

@@ -20,7 +20,7 @@ import torch
 from omnistage.config.capabilities import Capabilities
 from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
 from omnistage.errors import InvalidRequestError
-from omnistage.outputs import StageOutput
+from omnistage.outputs import StageOutput, TokenCounts
 from omnistage.pipelines import registry
 from omnistage.stages.base import StageInputContext, StageRequest
 
@@ -82,8 +82,8 @@ def speech_input(ctx: StageInputContext) -> StageRequest:
         loaded, input_ids, instruct_ids, language, speaker, non_streaming, speaker_embed=speaker_embed
     )
     text_tokens = len(input_ids) + len(instruct_ids or [])
-    inputs["output_data"] = {"input_text_tokens": text_tokens}
-    return StageRequest(ctx.request_id, prompt=ids, params=ctx.params, inputs=inputs)
+    counts = TokenCounts(input_text_tokens=text_tokens)
+    return StageRequest(ctx.request_id, prompt=ids, params=ctx.params, inputs=inputs, token_counts=counts)
 
 
 def _x_vector(loaded: object, voice: dict, prompt: dict) -> torch.Tensor:

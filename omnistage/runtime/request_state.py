@@ -131,6 +131,9 @@ class RequestState:
         """The one terminal output: everything the requested final stages produced."""
         out = OmniRequestOutput(self.request_id, finished=True, error=error)
         out.prompt_token_ids = self.prompt_token_ids()
+        for sid in sorted(self.results):  # every stage's counts, a later stage's over an earlier one's
+            counts = self.results[sid].token_counts
+            out.token_counts = counts if out.token_counts is None else out.token_counts.merged(counts)
         finish_reasons = []
         for sid in sorted(self.finals):
             result = self.results[sid]

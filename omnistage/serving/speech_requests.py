@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from omnistage.errors import InvalidRequestError, OmniError
-from omnistage.outputs import OmniRequestOutput
+from omnistage.outputs import OmniRequestOutput, TokenCounts
 from omnistage.serving.artifacts import audio_of, sample_rate_of
 from omnistage.serving.context import ServerContext
 from omnistage.serving.errors import SchemaError
@@ -87,16 +87,21 @@ def speech_request(body: SpeechRequest, model: ServedModel, ctx: ServerContext) 
 
 
 def speech_usage(out: OmniRequestOutput | None) -> dict[str, Any]:
-    text_tokens = len(out.prompt_token_ids) if out else 0
-    audio_in = int(out.data.get("input_audio_tokens", 0)) if out else 0
-    # Codec tokens when the pipeline reports them (a talker is not a final stage), else text tokens.
-    output = int(out.data.get("num_output_tokens", len(out.token_ids))) if out else 0
+    counts = (out.token_counts if out else None) or TokenCounts()
+    # What the stages counted (a TTS family counts its text and reference clip), else the prompt's tokens.
+    text_tokens = counts.input_text_tokens if counts.input_text_tokens is not None else _prompt_tokens(out)
+    audio_in = counts.input_audio_tokens or 0
+    output = counts.output_tokens if counts.output_tokens is not None else (len(out.token_ids) if out else 0)
     return {
         "input_tokens": text_tokens + audio_in,
         "output_tokens": output,
         "total_tokens": text_tokens + audio_in + output,
         "input_token_details": {"text_tokens": text_tokens, "audio_tokens": audio_in},
     }
+
+
+def _prompt_tokens(out: OmniRequestOutput | None) -> int:
+    return len(out.prompt_token_ids) if out else 0
 
 
 def usage_headers(usage: dict[str, Any]) -> dict[str, str]:

@@ -10,7 +10,7 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from omnistage.outputs import StageOutput, StageResult
+from omnistage.outputs import StageOutput, StageResult, TokenCounts
 
 if TYPE_CHECKING:
     from omnistage.config.deploy import StageDeploy
@@ -31,6 +31,9 @@ class StageRequest:
     inputs: dict[str, Any] = dataclasses.field(default_factory=dict)
     streaming_input: bool = False
     priority: int = 0
+    # What this request counts toward usage when its prompt is not the user's input (outputs.TokenCounts);
+    # the engine sends it with the request's first output.
+    token_counts: TokenCounts | None = None
     arrival_time: float = dataclasses.field(default_factory=time.monotonic)
 
 

@@ -366,6 +366,7 @@ class AREngine:
             ar.first_output_sent = True
             outputs[0].prompt_token_ids = list(ar.prompt_token_ids)
             outputs[0].num_cached_tokens = ar.sequences[0].num_cached_tokens
+            outputs[0].token_counts = ar.token_counts
             # Request facts the input processor computed for downstream stages (e.g. multimodal positions)
             outputs[0].data.update(ar.inputs.get("output_data") or {})
         return outputs

@@ -102,6 +102,7 @@ def make_request(req: StageRequest, rules: InputRules) -> ARRequest:
         rope_delta=int(inputs.get("rope_delta", 0) or 0),
         logits_processors=processors,
         hidden_layers=_hidden_layers(params, rules.num_layers),
+        token_counts=req.token_counts,
     )
 
 

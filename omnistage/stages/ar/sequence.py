@@ -61,6 +61,7 @@ class ARRequest:
     hidden_layers: dict[int, int] = dataclasses.field(default_factory=dict)
     sequences: list[Sequence] = dataclasses.field(default_factory=list)
     first_output_sent: bool = False
+    token_counts: Any = None  # the StageRequest's (outputs.TokenCounts), sent with the first output
 
     @property
     def finished(self) -> bool:

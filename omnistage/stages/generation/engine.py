@@ -246,9 +246,8 @@ class GenerationEngine:
         if done:
             del self.requests[rid]
         out = StageOutput(rid, finished=done, finish_reason="stop" if done else None)
-        prompt = state.request.prompt
-        if first and isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            out.prompt_token_ids = list(prompt)  # a token prompt (e.g. a voice's phonemes), for usage
+        if first:
+            out.token_counts = state.request.token_counts
         if self.output_key == "audio":
             out.audio, out.sample_rate = piece, self.generator.sample_rate
         elif self.output_key == "codes":
