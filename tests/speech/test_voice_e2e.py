@@ -13,7 +13,9 @@ import pytest
 import soundfile
 
 from tests.asr import transcribe, word_errors
+from tests.polling import wait_until
 from tests.speech.conftest import CHAT_MODEL, VOICE_MODEL
+from tests.speech.stages import aborted, wait_idle
 
 pytestmark = pytest.mark.e2e
 
@@ -186,3 +188,38 @@ def test_spoken_chat_streams_audio_while_the_text_is_written(speech_client) -> N
     heard = transcribe(np.concatenate(audio), 24000)
     e, n = word_errors(text, heard)
     assert e / n <= 0.35, (text, heard)
+
+
+LONG = " ".join(f"Sentence number {i} is here to keep the voice busy for a while." for i in range(40))
+
+
+def test_a_client_that_leaves_a_speech_stream_aborts_it_in_every_stage(speech_http) -> None:
+    before = aborted(speech_http, VOICE_MODEL)
+    body = {"model": VOICE_MODEL, "input": LONG, "response_format": "pcm", "stream_format": "audio"}
+    with speech_http.stream("POST", "/v1/audio/speech", json=body) as response:
+        assert response.status_code == 200
+        next(chunk for chunk in response.iter_bytes() if chunk)  # the first sentence has been spoken
+    wait_until(lambda: aborted(speech_http, VOICE_MODEL) > before, 60, "the speech request aborted")
+    wait_idle(speech_http, VOICE_MODEL)
+
+
+def test_a_client_that_leaves_a_spoken_answer_aborts_it_in_both_stages(speech_http) -> None:
+    before = aborted(speech_http, CHAT_MODEL)
+    body = {
+        "model": CHAT_MODEL,
+        "messages": [{"role": "user", "content": "Write a long story about a lighthouse keeper."}],
+        "modalities": ["text", "audio"],
+        "audio": {"voice": "alloy", "format": "wav"},
+        "max_tokens": 400,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with speech_http.stream("POST", "/v1/chat/completions", json=body) as response:
+        lines = response.iter_lines()
+        next(
+            line
+            for line in lines
+            if line.startswith("data: {") and '"modality":"audio"' in line.replace(" ", "")
+        )
+    wait_until(lambda: aborted(speech_http, CHAT_MODEL) > before, 60, "the spoken answer aborted")
+    wait_idle(speech_http, CHAT_MODEL)
