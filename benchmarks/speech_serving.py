@@ -78,11 +78,16 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 # ---- the library, one request at a time ---------------------------------------------------------------
+_VOICES: dict[int, object] = {}
+
+
 def baseline(requests: int, threads: int) -> dict[str, float]:
     from omnistage.models.hibari.voice import load_hibari
 
-    tts = load_hibari(threads)
-    tts("Warm up.")
+    if threads not in _VOICES:
+        _VOICES[threads] = load_hibari(threads)
+        _VOICES[threads]("Warm up.")
+    tts = _VOICES[threads]
     ttfa, rtf, audio_s = [], [], 0.0
     start = time.perf_counter()
     for i in range(requests):
@@ -197,16 +202,26 @@ async def paired_ttfa(client: httpx.AsyncClient, model: str, pairs: int) -> tupl
     return statistics.median(library), statistics.median(served)
 
 
-async def run_speech(port: int, args: argparse.Namespace) -> tuple[list[dict], tuple[float, float]]:
+async def run_speech(
+    port: int, args: argparse.Namespace, threads: int
+) -> tuple[list[dict], list[list[float]], tuple[float, float]]:
+    """Per level, each round runs the library (one request at a time) and then the server on the same
+    texts: (the server's best round per level, the per-round audio-s/s ratios per level, paired TTFA)."""
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600, limits=limits) as client:
         model = (await client.get("/v1/models")).json()["data"][0]["id"]
         await speech_load(client, model, 8, 4)  # warm-up
-        results = []
+        results, ratios = [], []
         for c in CONCURRENCY:
-            rounds = [await speech_load(client, model, max(args.requests, c), c) for _ in range(args.rounds)]
+            rounds, level = [], []
+            for _ in range(args.rounds):
+                library = baseline(args.requests, threads)
+                served = await speech_load(client, model, max(args.requests, c), c)
+                rounds.append(served)
+                level.append(served["audio_s_per_s"] / library["audio_s_per_s"])
             results.append(max(rounds, key=lambda r: r["audio_s_per_s"]))
-        return results, await paired_ttfa(client, model, args.pairs)
+            ratios.append(level)
+        return results, ratios, await paired_ttfa(client, model, args.pairs)
 
 
 async def run_chat(port: int, n: int) -> list[float]:
@@ -245,15 +260,17 @@ def main() -> None:
     base = max((baseline(args.requests, t) for t in (1, 2)), key=lambda r: r["audio_s_per_s"])
     proc = start_server(str(voice_dir()), args.port, [])
     try:
-        served, (lib_ttfa, served_ttfa) = asyncio.run(run_speech(args.port, args))
+        served, ratios, (lib_ttfa, served_ttfa) = asyncio.run(run_speech(args.port, args, base["threads"]))
     finally:
         stop(proc)
     print(table([base], f"hibari library, one request at a time ({base['threads']} thread(s), its fastest):"))
     print(table(served, "omnistage serve, /v1/audio/speech (stream_format=audio, pcm):"))
-    for r in served:
+    for r, level in zip(served, ratios, strict=True):
+        each = " ".join(f"{x:.2f}" for x in level)
         print(
             f"c={r['concurrency']:>2}: audio-s/s {r['audio_s_per_s'] / base['audio_s_per_s']:.2f}x the "
-            f"library, ttfa p50 {r['ttfa_p50_s'] / base['ttfa_p50_s']:.2f}x"
+            f"library (best / first baseline run); per round, against the library run just before: [{each}], "
+            f"median {statistics.median(level):.2f}x; ttfa p50 {r['ttfa_p50_s'] / base['ttfa_p50_s']:.2f}x"
         )
     print(
         f"time to first audio in {args.pairs} alternating pairs (medians): library {lib_ttfa * 1e3:.1f} ms "
