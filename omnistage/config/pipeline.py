@@ -57,8 +57,6 @@ class StageSpec:
     sampling_constraints: dict[str, Any] = dataclasses.field(default_factory=dict)
     default_params: dict[str, Any] = dataclasses.field(default_factory=dict)
     engine_args: dict[str, Any] = dataclasses.field(default_factory=dict)
-    # Tensor keys the stage streams as growing rows (appended, never replaced), e.g. audio samples.
-    streamed_keys: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", StageKind(self.kind))

@@ -178,7 +178,6 @@ SPEECH_STAGES = (
         input_processor=code2wav_input,
         chunk_processor=code2wav_chunk,
         engine=f"{_MODELS}.token2wav:create_engine",
-        streamed_keys=("audio",),
     ),
 )
 

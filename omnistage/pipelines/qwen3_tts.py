@@ -170,7 +170,6 @@ QWEN3_TTS = registry.register(
                 input_processor=codec_input,
                 chunk_processor=codec_chunk,
                 engine=f"{_MODELS}.decoder_stage:create_engine",
-                streamed_keys=("audio",),
             ),
         ),
         architectures=(ARCHITECTURE,),
