@@ -16,13 +16,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import httpx
+from local_server import start_server, stop
 
 from omnistage.bench.backends import sender, text_delta
 from omnistage.bench.datasets import BenchRequest
@@ -30,7 +28,6 @@ from omnistage.bench.metrics import RequestOutput, summarize
 from omnistage.bench.serve import run_requests
 from omnistage.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[1]
 PROMPT = "Write a short story about a lighthouse keeper."
 MESSAGES = [{"role": "user", "content": PROMPT}]
 CONCURRENCY = (1, 8, 32)
@@ -47,22 +44,6 @@ def demo_model() -> str:
         from omnistage.demo.llm import build_demo_llm
 
         return str(build_demo_llm())
-
-
-def start_server(model: str, port: int, extra: list[str]) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMNISTAGE_LOG_LEVEL": "WARNING"}
-    command = [sys.executable, "-m", "omnistage", "serve", model, "--port", str(port), *extra]
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    raise SystemExit("server did not become healthy")
 
 
 def best(results: list[dict]) -> dict:
@@ -161,8 +142,7 @@ def main() -> None:
         name = httpx.get(f"http://127.0.0.1:{args.port}/v1/models").json()["data"][0]["id"]
         served, direct = asyncio.run(compare(args.port, name, model, args))
     finally:
-        proc.terminate()
-        proc.wait(60)
+        stop(proc)
     print(format_table(served, "omnistage serve (HTTP, streaming SSE):"))
     print(format_table(direct, "AsyncOmni in-process (baseline):"))
     for s, d in zip(served, direct, strict=True):

@@ -25,16 +25,13 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
+from local_server import start_server, stop
 
 from omnistage.bench.serve import percentile
 
-REPO = Path(__file__).resolve().parents[1]
 CONCURRENCY = (1, 8, 32)
 RATE = 24000
 TEXTS = [
@@ -54,27 +51,6 @@ QUESTIONS = [
     "Describe a sunny day at the beach in three sentences.",
     "Give me three tips for learning to cook.",
 ]
-
-
-def start_server(model: str, port: int, extra: list[str]) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMNISTAGE_LOG_LEVEL": "WARNING"}
-    command = [sys.executable, "-m", "omnistage", "serve", model, "--port", str(port), *extra]
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    raise SystemExit("server did not become healthy")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    proc.wait(60)
 
 
 # ---- the library, one request at a time ---------------------------------------------------------------

@@ -91,17 +91,10 @@ class StageOutput(msgspec.Struct):
 
     def take_bulk(self) -> StageOutput:
         """Move the bulk fields into a new output (a worker holding tensors until a request ends)."""
-        moved = StageOutput(self.request_id)
+        moved, empty = StageOutput(self.request_id), StageOutput(self.request_id)
         for name in BULK_FIELDS:
             setattr(moved, name, getattr(self, name))
-        self.hidden_states, self.codes, self.audio, self.images, self.video, self.tensors = (
-            {},
-            None,
-            None,
-            None,
-            None,
-            {},
-        )
+            setattr(self, name, getattr(empty, name))
         return moved
 
 

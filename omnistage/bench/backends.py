@@ -56,6 +56,19 @@ async def _sse(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
             yield json.loads(line[5:])
 
 
+async def _events(
+    client: httpx.AsyncClient, path: str, body: dict[str, Any], out: RequestOutput
+) -> AsyncIterator[dict[str, Any]]:
+    """The SSE events of a streamed POST; a non-200 answer raises, an OpenAI error event becomes the
+    request's error."""
+    async with client.stream("POST", path, json=body) as resp:
+        await _check(resp)
+        async for event in _sse(resp):
+            if "error" in event:
+                out.error = str(event["error"].get("message", event["error"]))
+            yield event
+
+
 async def _check(response: httpx.Response) -> None:
     if response.status_code != 200:
         body = (await response.aread()).decode(errors="replace")
@@ -116,21 +129,17 @@ async def _chat(
     """Streams chat; text deltas time TTFT/ITL, audio deltas (omnistage's `modality: audio` chunks of
     base64 WAV, or OpenAI's `delta.audio.data` PCM16) time TTFP and the stream's continuity."""
     usage, chunks = None, 0
-    async with client.stream("POST", "/v1/chat/completions", json=_chat_body(model, request, extra)) as resp:
-        await _check(resp)
-        async for event in _sse(resp):
-            if "error" in event:
-                out.error = str(event["error"].get("message", event["error"]))
-            usage = event.get("usage") or usage
-            for choice in event.get("choices", []):
-                delta = choice.get("delta") or {}
-                if event.get("modality") == "audio" and delta.get("content"):
-                    audio_delta(out, start, wav_seconds(base64.b64decode(delta["content"])))
-                elif isinstance(delta.get("audio"), dict) and delta["audio"].get("data"):
-                    audio_delta(out, start, len(base64.b64decode(delta["audio"]["data"])) / 2 / PCM_RATE)
-                elif delta.get("content") and event.get("modality", "text") == "text":
-                    chunks += 1
-                    text_delta(out, start, delta["content"])
+    async for event in _events(client, "/v1/chat/completions", _chat_body(model, request, extra), out):
+        usage = event.get("usage") or usage
+        for choice in event.get("choices", []):
+            delta = choice.get("delta") or {}
+            if event.get("modality") == "audio" and delta.get("content"):
+                audio_delta(out, start, wav_seconds(base64.b64decode(delta["content"])))
+            elif isinstance(delta.get("audio"), dict) and delta["audio"].get("data"):
+                audio_delta(out, start, len(base64.b64decode(delta["audio"]["data"])) / 2 / PCM_RATE)
+            elif delta.get("content") and event.get("modality", "text") == "text":
+                chunks += 1
+                text_delta(out, start, delta["content"])
     _usage(out, usage, chunks)
 
 
@@ -164,16 +173,12 @@ async def _completions(
     if request.output_len:
         body |= {"max_tokens": request.output_len, "ignore_eos": True}
     usage, chunks = None, 0
-    async with client.stream("POST", "/v1/completions", json=body | extra) as resp:
-        await _check(resp)
-        async for event in _sse(resp):
-            if "error" in event:
-                out.error = str(event["error"].get("message", event["error"]))
-            usage = event.get("usage") or usage
-            for choice in event.get("choices", []):
-                if choice.get("text"):
-                    chunks += 1
-                    text_delta(out, start, choice["text"])
+    async for event in _events(client, "/v1/completions", body | extra, out):
+        usage = event.get("usage") or usage
+        for choice in event.get("choices", []):
+            if choice.get("text"):
+                chunks += 1
+                text_delta(out, start, choice["text"])
     _usage(out, usage, chunks)
 
 
@@ -188,19 +193,17 @@ async def _speech(
     """`/v1/audio/speech` as SSE of PCM16 deltas; each delta's `sample_rate` sizes it in seconds."""
     body = {"model": model, "input": request.prompt, "stream_format": "sse", "response_format": "pcm"}
     done = False
-    async with client.stream("POST", "/v1/audio/speech", json=body | extra) as resp:
-        await _check(resp)
-        async for event in _sse(resp):
-            kind = event.get("type", "")
-            if kind.endswith("audio.delta") and event.get("audio"):
-                pcm = base64.b64decode(event["audio"])
-                audio_delta(out, start, len(pcm) / 2 / int(event.get("sample_rate") or PCM_RATE))
-            elif kind.endswith("audio.done"):
-                done = True
-                usage = event.get("usage") or {}
-                out.prompt_tokens = int(usage.get("input_tokens") or 0)
-            elif kind.endswith("error"):
-                out.error = str((event.get("error") or {}).get("message", event))
+    async for event in _events(client, "/v1/audio/speech", body | extra, out):
+        kind = event.get("type", "")
+        if kind.endswith("audio.delta") and event.get("audio"):
+            pcm = base64.b64decode(event["audio"])
+            audio_delta(out, start, len(pcm) / 2 / int(event.get("sample_rate") or PCM_RATE))
+        elif kind.endswith("audio.done"):
+            done = True
+            usage = event.get("usage") or {}
+            out.prompt_tokens = int(usage.get("input_tokens") or 0)
+        elif kind.endswith("error"):
+            out.error = str((event.get("error") or {}).get("message", event))
     if not out.error and not (done and out.audio_chunks):
         out.error = "the stream ended without audio and a done event"
 

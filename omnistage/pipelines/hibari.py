@@ -23,13 +23,14 @@ import torch
 from omnistage.config.capabilities import Capabilities
 from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
 from omnistage.errors import InvalidRequestError
+from omnistage.models.hibari.units import speech_units
+from omnistage.models.hibari.voice import BUNDLED_VOICE, SPEED_RANGE, check_speed
 from omnistage.outputs import StageOutput, TokenCounts
 from omnistage.params import GenerationParams
 from omnistage.pipelines import registry
 from omnistage.stages.base import StageInputContext, StageRequest
 
 _VOICE = "omnistage.models.hibari.voice"
-BUNDLED_VOICE = "heart"
 # The OpenAI API's voice names; this model has one voice, which answers to all of them.
 OPENAI_VOICES = (
     "alloy",
@@ -46,7 +47,6 @@ OPENAI_VOICES = (
 )
 VOICES = (BUNDLED_VOICE, *OPENAI_VOICES)
 ALIASES = {name: BUNDLED_VOICE for name in OPENAI_VOICES}
-SPEED_RANGE = (0.5, 2.0)  # the voice's own (models/hibari/voice.py)
 
 
 # ---- processors (they run in the voice stage's process, next to the G2P) -------------------------------
@@ -54,7 +54,7 @@ def speech_input(ctx: StageInputContext) -> StageRequest:
     """The speech route's prompt: its `input` text, cut into units, each a frame of phoneme ids."""
     prompt = ctx.prompt if isinstance(ctx.prompt, dict) else {"input": str(ctx.prompt or "")}
     text = str(prompt.get("input") or "")
-    frames = _frames(ctx, *_units(text, final=True, first=True))
+    frames = _frames(ctx, speech_units(text, final=True, first=True)[0])
     if not len(frames):
         raise InvalidRequestError(
             "input: the voice found nothing it can say in this text (it speaks English)", param="input"
@@ -67,17 +67,17 @@ def speech_input(ctx: StageInputContext) -> StageRequest:
 
 def reply_input(ctx: StageInputContext) -> StageRequest:
     """Full handoff: the LLM's finished answer."""
-    units, _ = _units(ctx.upstream[0].text, final=True, first=True)
-    return StageRequest(ctx.request_id, params=voice_params(ctx), inputs={"codes": _frames(ctx, units, "")})
+    units, _ = speech_units(ctx.upstream[0].text, final=True, first=True)
+    return StageRequest(ctx.request_id, params=voice_params(ctx), inputs={"codes": _frames(ctx, units)})
 
 
 def reply_chunk(ctx: StageInputContext, chunk: StageOutput, last: bool) -> StageRequest | dict | None:
     """Async chunk: each complete unit of the LLM's text, as soon as the text shows it is complete."""
     state = ctx.state
     state["text"] = state.get("text", "") + chunk.text
-    units, state["text"] = _units(state["text"], final=last, first=not state.get("spoken"))
+    units, state["text"] = speech_units(state["text"], final=last, first=not state.get("spoken"))
     state["spoken"] = state.get("spoken", False) or bool(units)
-    frames = _frames(ctx, units, "")
+    frames = _frames(ctx, units)
     if not state.get("started"):
         if not len(frames) and not last:
             return None
@@ -86,13 +86,7 @@ def reply_chunk(ctx: StageInputContext, chunk: StageOutput, last: bool) -> Stage
     return {"codes": frames} if len(frames) or last else None
 
 
-def _units(text: str, final: bool, first: bool) -> tuple[list[str], str]:
-    from omnistage.models.hibari.units import speech_units
-
-    return speech_units(text, final, first)
-
-
-def _frames(ctx: StageInputContext, units: list[str], rest: str) -> torch.Tensor:
+def _frames(ctx: StageInputContext, units: list[str]) -> torch.Tensor:
     rows = [ctx.resources.sentence_rows(unit) for unit in units]
     rows = [r for r in rows if len(r)]
     return torch.cat(rows) if rows else torch.empty((0, ctx.resources.width), dtype=torch.long)
@@ -101,8 +95,6 @@ def _frames(ctx: StageInputContext, units: list[str], rest: str) -> torch.Tensor
 def voice_params(ctx: StageInputContext) -> GenerationParams:
     """The request's seed (a random one if unset: every unit of a request must draw from one seed) and its
     speed (the prompt's `speed`, within the voice's range)."""
-    from omnistage.models.hibari.voice import check_speed
-
     params = ctx.params if isinstance(ctx.params, GenerationParams) else GenerationParams()
     prompt = ctx.prompt if isinstance(ctx.prompt, dict) else {}
     speed = check_speed(float(prompt.get("speed", params.extra.get("speed", 1.0))))

@@ -1,0 +1,37 @@
+"""An `omnistage serve` process for benchmarks that drive a server: started, waited on, stopped.
+
+Imported by the benchmark scripts beside it (`python benchmarks/X.py` puts this folder on the path)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def start_server(model: str, port: int, extra: list[str], timeout_s: float = 600) -> subprocess.Popen:
+    """`omnistage serve MODEL --port PORT EXTRA...`, returned once `/health` answers 200."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMNISTAGE_LOG_LEVEL": "WARNING"}
+    command = [sys.executable, "-m", "omnistage", "serve", model, "--port", str(port), *extra]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    raise SystemExit("server did not become healthy")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    proc.wait(60)
