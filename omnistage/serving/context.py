@@ -31,7 +31,8 @@ class ServerContext:
     video_tasks: dict[str, asyncio.Task] = dataclasses.field(default_factory=dict)
 
 
-def get_context(request: Request) -> ServerContext:
+async def get_context(request: Request) -> ServerContext:
+    # async: FastAPI runs a plain-def dependency on its thread pool, a thread hop per request for a lookup
     return request.app.state.omnistage
 
 
