@@ -20,7 +20,7 @@ from omnistage.config.pipeline import PipelineSpec, StageKind
 from omnistage.errors import ConfigError
 
 PLACEMENTS = ("inline", "process", "ray")
-CONNECTORS = ("inline", "shm", "socket")
+CONNECTORS = ("inline", "shm", "socket", "tcp")
 DTYPES = ("float32", "float16", "bfloat16", "auto")
 DEPLOY_DIR = Path(__file__).resolve().parent.parent / "pipelines" / "deploy"
 
@@ -54,18 +54,23 @@ class StageDeploy:
     # burst of requests starts as one batch; 0 suits a stage that gains nothing from batching (a model that
     # runs one request at a time), where the wait is only latency.
     burst_settle_ms: float = 3.0
+    # Placement `ray`: what each replica's actor asks the cluster for. Custom resources pin a stage to the
+    # nodes that carry them (`ray start --resources '{"talker_node": 1}'`); num_cpus defaults to 1.
+    num_cpus: float | None = None
+    num_gpus: float | None = None
+    resources: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def connector_from(self, stage_id: int, connectors: dict[str, dict[str, Any]]) -> dict[str, Any]:
         """The connector spec for the edge from `stage_id` into this stage."""
         name = self.input_connectors.get(f"from_stage_{stage_id}")
-        if name is None:
-            name = "inline" if self.placement == "inline" else "shm"
+        if name is None:  # a Ray actor may sit on another host: its inputs cross by TCP
+            name = {"inline": "inline", "ray": "tcp"}.get(self.placement, "shm")
         return {"type": name} if name in CONNECTORS else connectors[name]
 
 
 STAGE_FIELDS = {f.name for f in dataclasses.fields(StageDeploy)}
 # Dict-valued fields merge key by key across layers instead of being replaced.
-MERGED_FIELDS = {"default_params", "input_connectors", "engine_args", "env"}
+MERGED_FIELDS = {"default_params", "input_connectors", "engine_args", "env", "resources"}
 TOP_FIELDS = {"base_config", "async_chunk", "connectors", "stages", "limits"}
 
 
@@ -275,6 +280,14 @@ def _validated(stage: StageDeploy, connectors: dict[str, dict[str, Any]]) -> Sta
         raise ConfigError(f"{where}: burst_settle_ms must be a number of milliseconds in [0, 20]")
     if stage.placement == "inline" and stage.replicas != 1:
         raise ConfigError(f"{where}: inline placement runs exactly one replica")
+    for field in ("num_cpus", "num_gpus"):
+        value = getattr(stage, field)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value < 0):
+            raise ConfigError(f"{where}: {field} must be a non-negative number")
+    if not isinstance(stage.resources, dict) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in stage.resources.values()
+    ):
+        raise ConfigError(f"{where}: resources must map resource names to non-negative numbers")
     if isinstance(stage.devices, str):
         stage.devices = [int(d) for d in stage.devices.split(",") if d.strip()]
     for key, name in stage.input_connectors.items():

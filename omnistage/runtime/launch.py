@@ -1,4 +1,4 @@
-"""What a stage subprocess is told at start: its stage, settings, model and where to talk."""
+"""What a stage subprocess (or Ray actor) is told at start: its stage, settings, model and where to talk."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import msgspec
 
 from omnistage.config.deploy import StageDeploy
 from omnistage.config.pipeline import StageSpec, ref_to_path
+from omnistage.runtime.messages import INLINE_LIMIT
 from omnistage.runtime.stage_board import BoardSeat
 
 _REF_FIELDS = ("input_processor", "chunk_processor", "engine")
@@ -41,6 +42,8 @@ class WorkerConfig(msgspec.Struct):
     output_connector: str
     stream_tensors: bool
     board_seat: BoardSeat | None = None
+    host: str = ""  # the address a TCP output connector serves from ("": this host's, see connectors/tcp.py)
+    inline_limit: int = INLINE_LIMIT  # payloads up to this many bytes ride in the message frame
 
     def stage_spec(self) -> StageSpec:
         data = dict(self.stage)

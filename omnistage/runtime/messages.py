@@ -1,7 +1,8 @@
 """Typed control messages between the orchestrator and stage workers, and their msgpack codec.
 
 Tensors, arrays and images anywhere inside a message travel as msgpack extension values: small ones
-inline (header + bytes in the frame), large ones through the shared-memory connector (header only).
+inline (header + bytes in the frame), large ones through a connector (header only: shared memory, or the
+producer's TCP connector across hosts).
 Nothing is pickled.
 """
 
@@ -14,6 +15,7 @@ import msgspec
 
 from omnistage.connectors.base import Payload, TensorRef, decode_payload, encode_payload, is_payload_value
 from omnistage.connectors.shm import ShmConnector
+from omnistage.connectors.tcp import fetch, is_tcp_key
 from omnistage.outputs import BULK_FIELDS, StageOutput, StageResult
 from omnistage.params import DiffusionParams, GenerationParams, SamplingParams
 
@@ -155,7 +157,7 @@ class Codec:
                 if self.ledger is not None:
                     self.ledger.append(handle)
                 return handle
-            return self.reader.get(ref)
+            return fetch(ref) if is_tcp_key(ref.key) else self.reader.get(ref)
         raise ValueError(f"unknown payload extension {code}")
 
 

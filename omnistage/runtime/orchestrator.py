@@ -28,10 +28,13 @@ import zmq.asyncio
 from omnistage.config.deploy import DeploySpec
 from omnistage.config.pipeline import PipelineSpec, StageSpec
 from omnistage.connectors.base import Payload
-from omnistage.connectors.shm import ShmConnector, live_segments, release, sweep_stale_segments
+from omnistage.connectors.shm import ShmConnector, live_segments, sweep_stale_segments
+from omnistage.connectors.shm import release as release_segment
+from omnistage.connectors.tcp import drop, fetch, is_tcp_key
 from omnistage.errors import OmniError, StageDeadError, StageError
 from omnistage.outputs import StageOutput, StageResult
 from omnistage.runtime.messages import (
+    INLINE_LIMIT,
     Abort,
     Call,
     CallResult,
@@ -44,12 +47,21 @@ from omnistage.runtime.messages import (
     StartupFailed,
     iter_payloads,
 )
+from omnistage.runtime.ray_client import RayStageClient, connect_ray, driver_ip, import_ray
 from omnistage.runtime.request_state import RequestState, RequestStatus
 from omnistage.runtime.stage_board import BoardSeat, StageBoard
 from omnistage.runtime.stage_client import InlineStageClient, ProcessStageClient, StageClient
 from omnistage.runtime.stage_pool import StagePool
 
 logger = logging.getLogger(__name__)
+
+
+def release(key: str) -> None:
+    """Free a payload wherever it waits: a shared-memory segment here, or its producer's TCP store."""
+    if is_tcp_key(key):
+        drop(key)
+    else:
+        release_segment(key)
 
 
 class Orchestrator:
@@ -80,6 +92,7 @@ class Orchestrator:
         self._tasks: list[asyncio.Task] = []
         self._holding: list[StageClient] | None = None  # clients holding messages (see _on_message)
         self.board: StageBoard | None = None  # where stages yield to first outputs or take idle cores
+        self._ray_connected = False  # this orchestrator joined a Ray cluster, and leaves it at close
 
     # ---- lifecycle (called from the frontend thread) -------------------------------------------------
     def start(self) -> None:
@@ -115,6 +128,8 @@ class Orchestrator:
             self.board.unlink()
         for key in live_segments(os.getpid()):
             release(key)
+        if self._ray_connected:
+            import_ray().shutdown()
         self.zmq.term()
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
 
@@ -125,6 +140,10 @@ class Orchestrator:
         self.pull = zmq.asyncio.Context.shadow(self.zmq).socket(zmq.PULL)
         self.pull.setsockopt(zmq.RCVHWM, 0)
         self.pull.bind(self.outbox)
+        if any(self.deploy.stage(spec.stage_id).placement == "ray" for spec in self.pipeline.stages):
+            self._ray_connected = connect_ray()
+            self.pull.bind(f"tcp://{driver_ip()}:*")  # the same PULL socket: actors send here
+            self.ray_outbox = self.pull.getsockopt_string(zmq.LAST_ENDPOINT)
         self.codec = Codec(FromWorker, lazy=True)
         self._tasks.append(asyncio.create_task(self._receive()))
         settings = [self.deploy.stage(spec.stage_id) for spec in self.pipeline.stages]
@@ -139,9 +158,9 @@ class Orchestrator:
         deadline = time.monotonic() + self.startup_timeout
         while not all(c.ready for c in self._clients()):
             for c in self._clients():
-                if not c.ready and isinstance(c, ProcessStageClient) and c.proc.poll() is not None:
+                if not c.ready and not c.dead and (reason := self._exit_reason(c)) is not None:
                     c.dead = True
-                    self._startup_errors.append(f"{c.label} exited during start-up:\n{c.log_tail()}")
+                    self._startup_errors.append(f"{c.label}: {reason} during start-up:\n{c.log_tail()}")
             if self._startup_errors:
                 raise StageError("; ".join(self._startup_errors), stage_id=None, stage_name="start-up")
             if time.monotonic() > deadline:
@@ -169,10 +188,15 @@ class Orchestrator:
                 on_message=lambda m: self.loop.call_soon_threadsafe(self._on_message, m), **common
             )
         if settings.placement == "ray":
-            raise StageError(
-                "placement 'ray' needs the ray extra, which this deployment does not have",
-                stage_id=spec.stage_id,
-                stage_name=spec.name,
+            common["board_seat"] = None  # the board is shared memory: one host's
+            return RayStageClient(
+                on_message=self._on_message,
+                outbox=self.ray_outbox,
+                host=driver_ip(),
+                output_connector=self._output_connector(spec),
+                inline_limit=self._inline_limit(spec),
+                zmq_context=self.zmq,
+                **common,
             )
         return ProcessStageClient(
             on_message=self._on_message,
@@ -189,8 +213,25 @@ class Orchestrator:
         return self.deploy.stage(dst).connector_from(src, self.deploy.connectors)["type"]
 
     def _output_connector(self, spec: StageSpec) -> str:
+        """One per producer: TCP if any edge out of it asks for it; a Ray actor's outputs otherwise ride
+        in its frames (shared memory is one host's); a process's go through shared memory unless every edge
+        says socket."""
         kinds = {self._edge_type(spec.stage_id, c.stage_id) for c in self.pipeline.consumers(spec.stage_id)}
+        if "tcp" in kinds:
+            return "tcp"
+        if self.deploy.stage(spec.stage_id).placement == "ray":
+            return "socket"
         return "socket" if kinds == {"socket"} else "shm"
+
+    def _inline_limit(self, spec: StageSpec) -> int:
+        """The smallest `inline_limit` the TCP connectors of its outgoing edges name (bytes up to which a
+        payload rides in the frame rather than waiting at the producer)."""
+        specs = [
+            self.deploy.stage(c.stage_id).connector_from(spec.stage_id, self.deploy.connectors)
+            for c in self.pipeline.consumers(spec.stage_id)
+        ]
+        limits = [s.get("inline_limit") for s in specs]
+        return min([int(n) for n in limits if n is not None], default=INLINE_LIMIT)
 
     def _input_connector(self, spec: StageSpec) -> str:
         kinds = {self._edge_type(src, spec.stage_id) for src in spec.inputs}
@@ -384,6 +425,8 @@ class Orchestrator:
     def materialize(self, obj: Any) -> Any:
         """The same structure with every `Payload` replaced by its data (read, not released)."""
         if isinstance(obj, Payload):
+            if is_tcp_key(obj.ref.key):
+                return fetch(obj.ref, release_after=False)
             return self.reader.get(obj.ref, release_after=False)
         if isinstance(obj, dict):
             return {k: self.materialize(v) for k, v in obj.items()}
@@ -433,21 +476,25 @@ class Orchestrator:
             if self._closed:  # closing stops every stage: an exit from now on is no death
                 return
             for client in self._clients():
-                if (
-                    isinstance(client, ProcessStageClient)
-                    and client.ready
-                    and not client.dead
-                    and client.proc.poll() is not None
-                ):
-                    self._on_death(client)
+                if client.ready and not client.dead and (reason := self._exit_reason(client)) is not None:
+                    self._on_death(client, reason)
 
-    def _on_death(self, client: ProcessStageClient) -> None:
+    @staticmethod
+    def _exit_reason(client: StageClient) -> str | None:
+        """Why a replica's process or actor is gone, or None while it runs."""
+        if isinstance(client, ProcessStageClient):
+            code = client.proc.poll() if client.proc is not None else None
+            return None if code is None else f"process {client.pid} exited with code {code}"
+        if isinstance(client, RayStageClient):
+            return client.exit_reason()
+        return None
+
+    def _on_death(self, client: StageClient, reason: str) -> None:
         client.dead = True
         sid = client.stage.stage_id
-        code = client.proc.returncode
-        logger.error("%s died (exit code %s); its log ends with:\n%s", client.label, code, client.log_tail())
+        logger.error("%s died: %s; its log ends with:\n%s", client.label, reason, client.log_tail())
         error = StageDeadError(
-            f"process {client.pid} exited with code {code}", stage_id=sid, stage_name=client.stage.name
+            f"replica {client.replica}: {reason}", stage_id=sid, stage_name=client.stage.name
         )
         for rs in list(self.requests.values()):
             if rs.bound.get(sid) == client.replica and not rs.stage_finished(sid):
@@ -470,6 +517,7 @@ class Orchestrator:
                             "ready": c.ready,
                             "pid": c.pid,
                             "load": c.load,
+                            **({"node": c.node} if isinstance(c, RayStageClient) else {}),
                         }
                         for c in pool.replicas
                     ],
@@ -477,6 +525,30 @@ class Orchestrator:
             )
         ready = bool(stages) and all(s["alive"] and s["ready"] for s in stages) and not self._closed
         return {"ready": ready, "stages": stages}
+
+    async def restart_replica(self, stage_id: int, replica: int) -> None:
+        """Replace a dead replica with a fresh one (same slot, same settings) and wait until it is ready;
+        requests already failed stay failed, new ones may bind to it."""
+        pool = self.pools[stage_id]
+        old = pool.replica(replica)
+        if old.alive and self._exit_reason(old) is None:
+            raise StageError(f"{old.label} is alive: only a dead replica is restarted", stage_id=stage_id)
+        await asyncio.to_thread(old.close)
+        slot = old.board_seat.slot if old.board_seat else 0
+        client = self._make_client(pool.stage, replica, slot)
+        pool.replicas[replica] = client
+        client.start()
+        deadline = time.monotonic() + self.startup_timeout
+        while not client.ready:
+            reason = self._exit_reason(client)
+            if client.dead or reason is not None or time.monotonic() > deadline:
+                client.dead = True
+                raise StageError(
+                    f"{client.label} did not restart: {reason or 'not ready in time'}", stage_id=stage_id
+                )
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), 0.2)
 
     async def call(
         self,

@@ -394,12 +394,8 @@ def _stop(signum: int, frame: Any) -> None:
 
 def main(config_path: str) -> None:
     import msgspec
-    import zmq
 
-    from omnistage.connectors.shm import ShmConnector
     from omnistage.runtime.launch import WorkerConfig
-    from omnistage.runtime.messages import Codec, FromWorker
-    from omnistage.runtime.messages import ToWorker as ToWorkerType
 
     watch_parent()
     with open(config_path, "rb") as f:
@@ -411,14 +407,33 @@ def main(config_path: str) -> None:
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _stop)
+    if not run_config(cfg):
+        raise SystemExit(1)
+
+
+def run_config(cfg: Any) -> bool:
+    """The worker of one `WorkerConfig` over ZMQ (a stage process's, or a Ray actor's): connect, serve
+    until Shutdown; False if the engine could not be built."""
+    import zmq
+
+    from omnistage.connectors.shm import ShmConnector
+    from omnistage.connectors.tcp import TcpConnector
+    from omnistage.runtime.messages import Codec, FromWorker
+    from omnistage.runtime.messages import ToWorker as ToWorkerType
+
+    stage = cfg.stage_spec()
     zctx = zmq.Context()
     inbox = zctx.socket(zmq.PULL)
     inbox.connect(cfg.inbox)
     outbox = zctx.socket(zmq.PUSH)
     outbox.setsockopt(zmq.LINGER, 2000)  # what was sent last (StartupFailed, final outputs) still leaves
     outbox.connect(cfg.outbox)
-    connector = ShmConnector(owner_pid=cfg.owner_pid) if cfg.output_connector == "shm" else None
-    encoder = Codec(FromWorker, connector=connector)
+    connector: Any = None
+    if cfg.output_connector == "shm":
+        connector = ShmConnector(owner_pid=cfg.owner_pid)
+    elif cfg.output_connector == "tcp":
+        connector = TcpConnector(cfg.host or None)
+    encoder = Codec(FromWorker, connector=connector, inline_limit=cfg.inline_limit)
 
     def send(msg: Any) -> None:
         outbox.send(encoder.encode(msg), copy=False)
@@ -444,5 +459,6 @@ def main(config_path: str) -> None:
         outbox.close()
         inbox.close(linger=0)
         zctx.term()
-    if not started:
-        raise SystemExit(1)
+        if isinstance(connector, TcpConnector):
+            connector.close()
+    return started
