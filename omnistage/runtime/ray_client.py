@@ -35,13 +35,14 @@ def import_ray() -> Any:
 
 
 def connect_ray() -> bool:
-    """Join the cluster this process should use, unless it already has: `RAY_ADDRESS` (what
-    `--ray-address` sets) or a `ray start` cluster on this host, else a new local one (`local`). True if this
-    call connected (the caller disconnects at close)."""
+    """Join the cluster this process should use, unless it already has one: `RAY_ADDRESS` (what
+    `--ray-address` sets: `host:port`, or `auto` for the `ray start` cluster on this host), else a new
+    local cluster of its own. True if this call connected (the caller disconnects at close)."""
     ray = import_ray()
     if ray.is_initialized():
         return False
-    ray.init(include_dashboard=False, log_to_driver=False)
+    address = os.environ.get("RAY_ADDRESS") or "local"
+    ray.init(address=address, include_dashboard=False if address == "local" else None, log_to_driver=False)
     return True
 
 
