@@ -26,6 +26,7 @@ from omnistage.serving.routes import (
     chat,
     completions,
     images,
+    playground,
     speech,
     speech_batch,
     speech_stream,
@@ -82,7 +83,10 @@ def create_app(
     routes = (chat, completions, speech, speech_batch, speech_stream, voice_routes, audio_generate)
     for module in (*routes, images, videos, model_routes):
         app.include_router(module.router)
+    if settings.playground:
+        app.include_router(playground.router)
     document_400(app)
-    app.add_middleware(RequestGuard, settings=settings, state=ctx.state)
+    open_paths = playground.OPEN_PATHS if settings.playground else frozenset()
+    app.add_middleware(RequestGuard, settings=settings, state=ctx.state, open_paths=open_paths)
     app.add_middleware(MetricsMiddleware, metrics=ctx.metrics)  # outermost: counts rejected requests too
     return app

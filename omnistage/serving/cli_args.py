@@ -85,6 +85,12 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--max-queued-requests", type=int, default=1024, help="admission limit per model; beyond it: 429"
     )
+    group.add_argument(
+        "--no-playground",
+        dest="playground",
+        action="store_false",
+        help="do not serve the browser playground at / and /playground",
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
@@ -101,4 +107,5 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         max_voice_upload_bytes=args.max_voice_upload_bytes,
         max_uploaded_voices=args.max_uploaded_voices,
         speech_stream_idle_timeout_s=args.speech_stream_idle_timeout,
+        playground=args.playground,
     )

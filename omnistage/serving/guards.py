@@ -36,10 +36,19 @@ async def _send_error(send: Send, status: int, message: str, headers: dict[str, 
 
 
 class RequestGuard:
-    def __init__(self, app: ASGIApp, settings: ServerSettings, state: ServerState):
+    """`open_paths` need no API key (the playground's page, which asks for the key itself)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        settings: ServerSettings,
+        state: ServerState,
+        open_paths: frozenset[str] = frozenset(),
+    ):
         self.app = app
         self.settings = settings
         self.state = state
+        self.open_paths = PUBLIC_PATHS | open_paths
         self._key = settings.api_key.encode() if settings.api_key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -50,7 +59,7 @@ class RequestGuard:
         if self.state.draining and path not in PUBLIC_PATHS:
             await _send_error(send, 503, "the server is shutting down", {"Connection": "close"})
             return
-        if self._key is not None and path not in PUBLIC_PATHS and not self._authorized(scope):
+        if self._key is not None and path not in self.open_paths and not self._authorized(scope):
             await _send_error(send, 401, "missing or invalid API key", {"WWW-Authenticate": "Bearer"})
             return
         limit = self.settings.max_request_bytes

@@ -34,6 +34,8 @@ class ServerSettings:
     max_uploaded_voices: int = 1000
     # Seconds a speech WebSocket may wait for its client (with nothing being spoken) before it is closed.
     speech_stream_idle_timeout_s: float = 300.0
+    # The browser playground at `/` and `/playground` (`--no-playground` turns it off).
+    playground: bool = True
 
     def __post_init__(self) -> None:
         if self.storage_dir is not None:

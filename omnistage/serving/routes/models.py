@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from typing import Any
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
@@ -10,19 +12,44 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from omnistage import __version__
 from omnistage.serving.context import ServerContext, get_context, is_healthy, model_health
+from omnistage.serving.served import ServedModel
 
 router = APIRouter()
 
 
+def capabilities_block(model: ServedModel, ctx: ServerContext) -> dict[str, Any]:
+    """What a client needs to offer only requests the model can answer (the playground builds its panels
+    from it): its routes and output modalities, its limits under the server's caps, how it speaks."""
+    caps = model.capabilities
+    return {
+        "routes": list(caps.routes),
+        "modalities": list(model.modalities),
+        "default_modalities": model.default_modalities(),
+        "prompt": caps.prompt,
+        "limits": dataclasses.asdict(model.limits(ctx.settings)),
+        "voices": ctx.voices.models[model.name].describe()["voices"],  # with the checkpoint's own
+        "speed_range": list(caps.speed_range) if caps.speed_range else None,
+        "clones_voices": caps.clones_voices,
+    }
+
+
+def _described(ctx: ServerContext) -> list[dict[str, Any]]:
+    """The OpenAI model objects, each with an `omnistage` block of its capabilities."""
+    return [
+        {**entry, "omnistage": capabilities_block(model, ctx)}
+        for entry, model in zip(ctx.models.describe(), ctx.models, strict=True)
+    ]
+
+
 @router.get("/v1/models")
 async def list_models(ctx: ServerContext = Depends(get_context)) -> dict:
-    return {"object": "list", "data": ctx.models.describe()}
+    return {"object": "list", "data": _described(ctx)}
 
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, ctx: ServerContext = Depends(get_context)) -> dict:
     ctx.models.get(model_id)
-    return next(m for m in ctx.models.describe() if m["id"] == model_id)
+    return next(m for m in _described(ctx) if m["id"] == model_id)
 
 
 @router.get("/health")

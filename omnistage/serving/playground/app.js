@@ -1,0 +1,549 @@
+// The omnistage playground. Plain JavaScript, no build step: it reads /v1/models and offers each panel
+// to the models whose capabilities allow it, and talks only to the server that served it.
+"use strict";
+
+const KEY_STORAGE = "omnistage.apiKey";
+const $ = (root, selector) => root.querySelector(selector);
+
+// ---- the API ---------------------------------------------------------------------------------------
+
+class ApiError extends Error {
+  constructor(message, param = null, status = 0) {
+    super(message);
+    this.param = param;
+    this.status = status;
+  }
+}
+
+function authHeaders() {
+  const key = sessionStorage.getItem(KEY_STORAGE);
+  return key ? { Authorization: `Bearer ${key}` } : {};
+}
+
+/** fetch on this server; a non-2xx answer becomes an ApiError carrying the API's message and field. */
+async function api(path, { method = "GET", json, form } = {}) {
+  const headers = authHeaders();
+  let body;
+  if (json !== undefined) {
+    headers["Content-Type"] = "application/json";
+    body = JSON.stringify(json);
+  } else if (form !== undefined) {
+    body = form;
+  }
+  const response = await fetch(path, { method, headers, body });
+  if (!response.ok) throw await errorOf(response);
+  return response;
+}
+
+async function errorOf(response) {
+  const text = await response.text();
+  try {
+    const error = JSON.parse(text).error;
+    if (error && error.message) return new ApiError(error.message, error.param, response.status);
+  } catch (_) {
+    // not the error envelope: fall through to the raw text
+  }
+  return new ApiError(`${response.status} ${response.statusText}: ${text.slice(0, 300)}`, null, response.status);
+}
+
+/** The JSON payloads of a server-sent event stream, as they arrive; an error event throws. */
+async function* sseData(response) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += decoder.decode(value, { stream: true });
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const event = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      const data = event.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trim()).join("");
+      if (!data || data === "[DONE]") continue;
+      const payload = JSON.parse(data);
+      if (payload.error) throw new ApiError(payload.error.message, payload.error.param, payload.error.code);
+      yield payload;
+    }
+  }
+}
+
+// ---- errors next to the control that caused them ---------------------------------------------------
+
+function clearErrors(root) {
+  for (const el of root.querySelectorAll(".error")) el.textContent = "";
+}
+
+/** The API names the field (`param`); its message goes beside that field, else beside the button. */
+function showError(panel, button, error) {
+  const param = error instanceof ApiError ? error.param : null;
+  let slot = null;
+  if (param) {
+    const fields = [...panel.querySelectorAll(".field[data-param]")];
+    const base = param.split(/[.[]/)[0];
+    const field = fields.find((f) => f.dataset.param === param) || fields.find((f) => f.dataset.param === base);
+    slot = field && !field.hidden ? $(field, ".error") : null;
+  }
+  slot = slot || $(panel, `.error[data-for="${button}"]`) || $(panel, '.field[data-param="model"] .error');
+  slot.textContent = error.message;
+}
+
+/** Runs `work` for a button: disables it meanwhile, shows any error next to the right control. */
+function action(panel, name, work) {
+  const button = $(panel, `button[name="${name}"]`);
+  button.addEventListener("click", async () => {
+    clearErrors(panel);
+    button.disabled = true;
+    try {
+      await work();
+    } catch (error) {
+      showError(panel, name, error);
+    } finally {
+      button.disabled = false;
+    }
+  });
+}
+
+// ---- audio: WAV chunks played as they arrive, joined into one file ---------------------------------
+
+function base64Bytes(text) {
+  const binary = atob(text);
+  const bytes = new Uint8Array(binary.length);
+  for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
+  return bytes;
+}
+
+/** {rate, channels, bits, pcm} of a PCM WAV (the chunk's header may declare an open length). */
+function parseWav(bytes) {
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  let offset = 12;
+  let format = null;
+  while (offset + 8 <= bytes.length) {
+    const id = String.fromCharCode(...bytes.subarray(offset, offset + 4));
+    const size = view.getUint32(offset + 4, true);
+    if (id === "fmt ") {
+      format = { channels: view.getUint16(offset + 10, true), rate: view.getUint32(offset + 12, true),
+        bits: view.getUint16(offset + 22, true) };
+    } else if (id === "data") {
+      return { ...format, pcm: bytes.subarray(offset + 8, Math.min(bytes.length, offset + 8 + size)) };
+    }
+    offset += 8 + size;
+  }
+  throw new Error("not a PCM WAV");
+}
+
+function wavBlob(pcmParts, rate, channels = 1, bits = 16) {
+  const length = pcmParts.reduce((n, p) => n + p.length, 0);
+  const header = new DataView(new ArrayBuffer(44));
+  const text = (at, s) => [...s].forEach((c, i) => header.setUint8(at + i, c.charCodeAt(0)));
+  text(0, "RIFF");
+  header.setUint32(4, 36 + length, true);
+  text(8, "WAVEfmt ");
+  header.setUint32(16, 16, true);
+  header.setUint16(20, 1, true);
+  header.setUint16(22, channels, true);
+  header.setUint32(24, rate, true);
+  header.setUint32(28, (rate * channels * bits) / 8, true);
+  header.setUint16(32, (channels * bits) / 8, true);
+  header.setUint16(34, bits, true);
+  text(36, "data");
+  header.setUint32(40, length, true);
+  return new Blob([header, ...pcmParts], { type: "audio/wav" });
+}
+
+let audioContext = null;
+function sharedAudioContext() {
+  audioContext = audioContext || new AudioContext();
+  if (audioContext.state === "suspended") audioContext.resume();
+  return audioContext;
+}
+
+/** Plays PCM16 chunks back to back as they arrive and keeps them for the finished file. */
+class StreamPlayer {
+  constructor() {
+    this.context = sharedAudioContext();
+    this.next = 0;
+    this.parts = [];
+    this.rate = 0;
+    this.chunks = 0;
+  }
+
+  push(pcm, rate) {
+    this.rate = rate;
+    this.parts.push(pcm);
+    this.chunks += 1;
+    const samples = new Int16Array(pcm.buffer.slice(pcm.byteOffset, pcm.byteOffset + (pcm.length & ~1)));
+    if (!samples.length) return;
+    const buffer = this.context.createBuffer(1, samples.length, rate);
+    const channel = buffer.getChannelData(0);
+    for (let i = 0; i < samples.length; i++) channel[i] = samples[i] / 32768;
+    const source = this.context.createBufferSource();
+    source.buffer = buffer;
+    source.connect(this.context.destination);
+    this.next = Math.max(this.next, this.context.currentTime);
+    source.start(this.next);
+    this.next += buffer.duration;
+  }
+
+  blob() {
+    return wavBlob(this.parts, this.rate);
+  }
+}
+
+function audioElement(blob, filename) {
+  const wrap = document.createElement("div");
+  wrap.className = "audio";
+  const audio = document.createElement("audio");
+  audio.controls = true;
+  audio.src = URL.createObjectURL(blob);
+  const link = document.createElement("a");
+  link.href = audio.src;
+  link.download = filename;
+  link.textContent = "Download";
+  wrap.append(audio, link);
+  return wrap;
+}
+
+// ---- models and their panels -----------------------------------------------------------------------
+
+function capabilitiesOf(model) {
+  const caps = model.omnistage || {};
+  return {
+    routes: caps.routes || model.routes || [],
+    modalities: caps.modalities || model.modalities || [],
+    limits: caps.limits || {},
+    voices: caps.voices || [],
+    speedRange: caps.speed_range || null,
+  };
+}
+
+// Which models each panel is offered to, read from the capabilities only.
+const OFFERS = {
+  chat: (c) => c.routes.includes("chat") && c.modalities.includes("text"),
+  speech: (c) => c.routes.includes("speech"),
+  images: (c) => c.routes.includes("images"),
+  video: (c) => c.routes.includes("videos"),
+  // HOOK(issue 30): live voice is offered once a model declares the "realtime" route; its client (mic in
+  // over /v1/realtime, spoken answer and transcripts out) is still to be written.
+  live: (c) => c.routes.includes("realtime"),
+};
+
+const models = new Map();
+
+function panel(name) {
+  return document.getElementById(`panel-${name}`);
+}
+
+function selectedModel(root) {
+  const name = $(root, 'select[name="model"]').value;
+  return { name, caps: capabilitiesOf(models.get(name)) };
+}
+
+function numberField(root, name) {
+  const input = $(root, `[name="${name}"]`);
+  return input.value === "" ? undefined : Number(input.value);
+}
+
+function fillSelect(select, values, labels = values) {
+  select.replaceChildren(...values.map((v, i) => new Option(labels[i], v)));
+}
+
+/** Sizes within the model's limits (the server's caps included), smallest first. */
+function sizesWithin(limits) {
+  const sides = [32, 64, 128, 256, 512, 768, 1024, 1536, 2048];
+  const sizes = [];
+  for (const w of sides) {
+    for (const h of sides) {
+      if (Math.max(w, h) > 2 * Math.min(w, h)) continue;
+      if (limits.max_width && w > limits.max_width) continue;
+      if (limits.max_height && h > limits.max_height) continue;
+      if (limits.max_pixels && w * h > limits.max_pixels) continue;
+      sizes.push([w, h]);
+    }
+  }
+  sizes.sort((a, b) => a[0] * a[1] - b[0] * b[1] || b[0] - a[0]);
+  return sizes.map(([w, h]) => `${w}x${h}`);
+}
+
+function setMax(root, name, max) {
+  const input = $(root, `[name="${name}"]`);
+  if (max) input.max = String(max);
+  else input.removeAttribute("max");
+}
+
+const onModelChange = {
+  chat(root, caps) {
+    $(root, ".speaks").hidden = !caps.modalities.includes("audio");
+    setMax(root, "max_tokens", caps.limits.max_output_tokens);
+  },
+  async speech(root, caps, name) {
+    const [low, high] = caps.speedRange || [0.25, 4];
+    Object.assign($(root, '[name="speed"]'), { min: String(low), max: String(high) });
+    const listing = await (await api(`/v1/audio/voices?model=${encodeURIComponent(name)}`)).json();
+    const own = listing.models.length ? listing.models[0] : { voices: [], clones_voices: false };
+    const uploaded = own.clones_voices ? listing.uploaded_voices.map((v) => v.name) : [];
+    const voices = [...own.voices, ...uploaded];
+    fillSelect($(root, '[name="voice"]'), ["", ...voices], ["(model default)", ...voices]);
+  },
+  images(root, caps) {
+    fillSelect($(root, '[name="size"]'), ["", ...sizesWithin(caps.limits)], ["(model default)", ...sizesWithin(caps.limits)]);
+    setMax(root, "num_inference_steps", caps.limits.max_steps);
+  },
+  video(root, caps) {
+    fillSelect($(root, '[name="size"]'), ["", ...sizesWithin(caps.limits)], ["(model default)", ...sizesWithin(caps.limits)]);
+    setMax(root, "num_inference_steps", caps.limits.max_steps);
+    setMax(root, "num_frames", caps.limits.max_frames);
+  },
+  live() {},
+};
+
+async function loadModels() {
+  const status = document.getElementById("models-status");
+  const keyField = $(document, '.field[data-param="api_key"]');
+  clearErrors(keyField);
+  let listing;
+  try {
+    listing = await (await api("/v1/models")).json();
+  } catch (error) {
+    $(keyField, ".error").textContent = error.message;
+    status.textContent = "No models loaded.";
+    return;
+  }
+  models.clear();
+  for (const model of listing.data) models.set(model.id, model);
+  status.textContent = `Serving ${listing.data.length} model(s): ${listing.data.map((m) => m.id).join(", ")}`;
+  let first = null;
+  for (const [name, offered] of Object.entries(OFFERS)) {
+    const names = listing.data.filter((m) => offered(capabilitiesOf(m))).map((m) => m.id);
+    $(document, `#tabs button[data-panel="${name}"]`).hidden = names.length === 0;
+    const root = panel(name);
+    const select = $(root, 'select[name="model"]');
+    fillSelect(select, names);
+    if (names.length) {
+      first = first || name;
+      await modelChanged(name);
+    }
+  }
+  showPanel(first);
+  status.dataset.state = "ready";
+}
+
+async function modelChanged(name) {
+  const root = panel(name);
+  clearErrors(root);
+  const { name: model, caps } = selectedModel(root);
+  try {
+    await onModelChange[name](root, caps, model);
+  } catch (error) {
+    showError(root, "", error);
+  }
+}
+
+function showPanel(name) {
+  for (const button of document.querySelectorAll("#tabs button")) {
+    button.classList.toggle("active", button.dataset.panel === name);
+  }
+  for (const section of document.querySelectorAll(".panel")) section.hidden = section.id !== `panel-${name}`;
+}
+
+// ---- chat ------------------------------------------------------------------------------------------
+
+function initChat(root) {
+  let history = [];
+  const log = $(root, ".log");
+  $(root, 'button[name="clear"]').addEventListener("click", () => {
+    history = [];
+    log.replaceChildren();
+  });
+  action(root, "send", async () => {
+    const { name, caps } = selectedModel(root);
+    const text = $(root, '[name="message"]').value;
+    const system = $(root, '[name="system"]').value.trim();
+    const speak = caps.modalities.includes("audio") && $(root, '[name="speak"]').checked;
+    const messages = [...(system ? [{ role: "system", content: system }] : []), ...history, { role: "user", content: text }];
+    const body = { model: name, messages, stream: true, modalities: speak ? ["text", "audio"] : ["text"] };
+    const temperature = numberField(root, "temperature");
+    const maxTokens = numberField(root, "max_tokens");
+    if (temperature !== undefined) body.temperature = temperature;
+    if (maxTokens !== undefined) body.max_tokens = maxTokens;
+    const player = speak ? new StreamPlayer() : null;
+    const response = await api("/v1/chat/completions", { method: "POST", json: body });
+    const user = document.createElement("li");
+    user.className = "msg user";
+    user.textContent = text;
+    const answer = document.createElement("li");
+    answer.className = "msg assistant";
+    answer.dataset.state = "streaming";
+    const answerText = document.createElement("p");
+    answer.append(answerText);
+    log.append(user, answer);
+    let reply = "";
+    try {
+      for await (const chunk of sseData(response)) {
+        const delta = (chunk.choices[0] || {}).delta || {};
+        if (!delta.content) continue;
+        if (chunk.modality === "audio" && player) {
+          const wav = parseWav(base64Bytes(delta.content));
+          player.push(wav.pcm, wav.rate);
+        } else if (chunk.modality === "text" || chunk.modality === undefined) {
+          reply += delta.content;
+          answerText.textContent = reply;
+        }
+      }
+    } catch (error) {
+      answer.dataset.state = "failed";
+      throw error;
+    }
+    if (player && player.chunks) {
+      answer.append(audioElement(player.blob(), "answer.wav"));
+      answer.dataset.audioChunks = String(player.chunks);
+    }
+    history = [...history, { role: "user", content: text }, { role: "assistant", content: reply }];
+    $(root, '[name="message"]').value = "";
+    answer.dataset.state = "done";
+  });
+}
+
+// ---- speech ----------------------------------------------------------------------------------------
+
+function initSpeech(root) {
+  const result = $(root, ".result");
+  action(root, "speak", async () => {
+    const { name } = selectedModel(root);
+    const format = $(root, '[name="response_format"]').value;
+    const body = { model: name, input: $(root, '[name="input"]').value, response_format: format };
+    const voice = $(root, '[name="voice"]').value;
+    if (voice) body.voice = voice;
+    const speed = numberField(root, "speed");
+    const seed = numberField(root, "seed");
+    if (speed !== undefined && speed !== 1) body.speed = speed;
+    if (seed !== undefined) body.seed = seed;
+    result.replaceChildren();
+    result.dataset.state = "running";
+    if ($(root, '[name="stream"]').checked) {
+      body.stream_format = "sse";
+      const player = new StreamPlayer();
+      const response = await api("/v1/audio/speech", { method: "POST", json: body });
+      for await (const event of sseData(response)) {
+        if (event.type !== "speech.audio.delta") continue;
+        const bytes = base64Bytes(event.audio);
+        player.push(event.response_format === "pcm" ? bytes : parseWav(bytes).pcm, event.sample_rate);
+      }
+      result.append(audioElement(player.blob(), "speech.wav"));
+    } else {
+      const response = await api("/v1/audio/speech", { method: "POST", json: body });
+      let blob = await response.blob();
+      const rate = Number(response.headers.get("x-omnistage-sample-rate"));
+      const playable = format === "pcm" ? wavBlob([new Uint8Array(await blob.arrayBuffer())], rate) : blob;
+      const wrap = audioElement(playable, `speech.${format}`);
+      if (format === "pcm") $(wrap, "a").href = URL.createObjectURL(blob);
+      result.append(wrap);
+      $(wrap, "audio").play().catch(() => {});
+    }
+    result.dataset.state = "done";
+  });
+}
+
+// ---- images ----------------------------------------------------------------------------------------
+
+function imageFields(root, name) {
+  const fields = { model: name, prompt: $(root, '[name="prompt"]').value };
+  const size = $(root, '[name="size"]').value;
+  if (size) fields.size = size;
+  for (const key of ["num_inference_steps", "seed"]) {
+    const value = numberField(root, key);
+    if (value !== undefined) fields[key] = value;
+  }
+  return fields;
+}
+
+function addToGallery(root, listing, fields, label) {
+  const gallery = $(root, ".gallery");
+  for (const item of listing.data) {
+    const figure = document.createElement("figure");
+    const img = document.createElement("img");
+    img.src = `data:image/${listing.output_format || "png"};base64,${item.b64_json}`;
+    img.alt = fields.prompt;
+    const caption = document.createElement("figcaption");
+    caption.textContent = `${label} · ${listing.size}${fields.seed !== undefined ? ` · seed ${fields.seed}` : ""}`;
+    figure.append(img, caption);
+    gallery.prepend(figure);
+  }
+}
+
+function initImages(root) {
+  action(root, "generate", async () => {
+    const fields = imageFields(root, selectedModel(root).name);
+    const response = await api("/v1/images/generations", { method: "POST", json: fields });
+    addToGallery(root, await response.json(), fields, "generated");
+  });
+  action(root, "edit", async () => {
+    const file = $(root, '[name="image"]').files[0];
+    if (!file) throw new ApiError("choose a picture to edit first", "image");
+    const fields = imageFields(root, selectedModel(root).name);
+    const form = new FormData();
+    for (const [key, value] of Object.entries(fields)) form.append(key, String(value));
+    form.append("image", file, file.name);
+    const response = await api("/v1/images/edits", { method: "POST", form });
+    addToGallery(root, await response.json(), fields, "edited");
+  });
+}
+
+// ---- video -----------------------------------------------------------------------------------------
+
+const POLL_MS = 500;
+
+function initVideo(root) {
+  const progress = $(root, "progress");
+  const status = $(root, ".job-status");
+  const video = $(root, "video");
+  action(root, "create", async () => {
+    const fields = imageFields(root, selectedModel(root).name);
+    const frames = numberField(root, "num_frames");
+    if (frames !== undefined) fields.num_frames = frames;
+    video.hidden = true;
+    let job = await (await api("/v1/videos", { method: "POST", json: fields })).json();
+    while (job.status === "queued" || job.status === "in_progress") {
+      progress.value = job.progress;
+      status.textContent = `${job.id}: ${job.status.replace("_", " ")} ${job.progress}%`;
+      await new Promise((resolve) => setTimeout(resolve, POLL_MS));
+      job = await (await api(`/v1/videos/${job.id}`)).json();
+    }
+    progress.value = job.progress;
+    status.dataset.status = job.status;
+    if (job.status !== "completed") {
+      status.textContent = `${job.id}: ${job.status}`;
+      throw new ApiError(job.error ? job.error.message : `the job ended ${job.status}`);
+    }
+    status.textContent = `${job.id}: completed (${job.size}, ${job.seconds} s)`;
+    const clip = await (await api(`/v1/videos/${job.id}/content`)).blob();
+    video.src = URL.createObjectURL(clip);
+    video.hidden = false;
+    video.play().catch(() => {});
+  });
+}
+
+// ---- start -----------------------------------------------------------------------------------------
+
+function start() {
+  const key = document.getElementById("api-key");
+  key.value = sessionStorage.getItem(KEY_STORAGE) || "";
+  key.addEventListener("change", () => {
+    if (key.value) sessionStorage.setItem(KEY_STORAGE, key.value);
+    else sessionStorage.removeItem(KEY_STORAGE);
+    loadModels();
+  });
+  for (const button of document.querySelectorAll("#tabs button")) {
+    button.addEventListener("click", () => showPanel(button.dataset.panel));
+  }
+  for (const name of Object.keys(OFFERS)) {
+    $(panel(name), 'select[name="model"]').addEventListener("change", () => modelChanged(name));
+  }
+  initChat(panel("chat"));
+  initSpeech(panel("speech"));
+  initImages(panel("images"));
+  initVideo(panel("video"));
+  loadModels();
+}
+
+start();
