@@ -37,9 +37,16 @@ def add_deploy_args(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             f"--{name.replace('_', '-')}", type=kind, default=None, help=f"{name} for every stage"
         )
+    parser.add_argument(
+        "--ray-address",
+        help="the Ray cluster that placement-ray stages join: host:port of its head, or auto (the "
+        "`ray start` cluster on this host); unset: a new local cluster (docs/multi_host.md)",
+    )
 
 
 def deploy_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    if args.ray_address:  # what ray.init() reads; the orchestrator joins it (runtime/ray_client.py)
+        os.environ["RAY_ADDRESS"] = args.ray_address
     flags = {name: getattr(args, name) for name in STAGE_FLAGS if getattr(args, name) is not None}
     return {"deploy_config": args.deploy_config, "stage_overrides": args.stage_overrides, **flags}
 
