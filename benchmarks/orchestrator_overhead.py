@@ -2,9 +2,11 @@
 
 Prints p50/p99 latency added per stage hop (one hop = orchestrator → stage → orchestrator, taken from the
 orchestrator's per-stage completion marks) and requests/s through the 3 stages at concurrency 1 and 64,
-with the same pipeline placed inline (no IPC) as the baseline in the same run.
+with the same pipeline placed inline (no IPC) as the baseline in the same run. `--placement ray` runs the
+stages as Ray actors (on a local Ray cluster, or the one `RAY_ADDRESS` names) next to process and inline
+placement: what the actors' TCP hops cost against the processes' IPC on the same machine.
 
-    python benchmarks/orchestrator_overhead.py [--requests 3000]
+    python benchmarks/orchestrator_overhead.py [--requests 3000] [--placement process|ray]
 """
 
 from __future__ import annotations
@@ -110,11 +112,15 @@ def pct(values: list[float], q: float) -> float:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--placement", choices=("process", "ray"), default="process")
     args = parser.parse_args()
     print(f"load average before: {os.getloadavg()[0]:.2f}")
     results = {}
-    for placement in ("process", "inline"):
-        async with AsyncOmni(pipeline(), placement=placement, max_queued_requests=10_000) as omni:
+    placements = ("ray", "process", "inline") if args.placement == "ray" else ("process", "inline")
+    for placement in placements:
+        # a no-op actor needs no core of its own: three fit on a 2-CPU local cluster
+        extra = {"num_cpus": 0.5} if placement == "ray" else {}
+        async with AsyncOmni(pipeline(), placement=placement, max_queued_requests=10_000, **extra) as omni:
             rps1, m1 = await run(omni, min(args.requests, 1000), 1)
             rps64, m64 = await run(omni, args.requests, 64)
         h = hops(m1)
@@ -125,6 +131,12 @@ async def main() -> None:
         )
     p, i = results["process"], results["inline"]
     print(f"process/inline: hop p50 {p[0] / i[0]:.2f}x  req/s c=64 {p[3] / i[3]:.2f}x")
+    if "ray" in results:
+        r = results["ray"]
+        print(
+            f"ray/process: hop p50 {r[0] / p[0]:.2f}x  p99 {r[1] / p[1]:.2f}x  "
+            f"req/s c=1 {r[2] / p[2]:.2f}x  c=64 {r[3] / p[3]:.2f}x"
+        )
     print(
         f"targets: hop p50 < 2 ms: {'met' if p[0] < 2 else 'NOT met'} ({p[0]:.3f} ms); "
         f">= 1000 req/s: {'met' if p[3] >= 1000 else 'NOT met'} ({p[3]:.0f} req/s at c=64)"
