@@ -118,9 +118,26 @@ def _bytes_to_unicode() -> list[str]:
     return chars
 
 
-def build_tokenizer() -> Any:
+# The multimodal placeholders the Qwen2.5-Omni processor reads from its tokenizer.
+EXTRA_SPECIAL_TOKENS = {
+    "image_token": "<|IMAGE|>",
+    "audio_token": "<|AUDIO|>",
+    "video_token": "<|VIDEO|>",
+    "vision_bos_token": "<|vision_bos|>",
+    "vision_eos_token": "<|vision_eos|>",
+    "audio_bos_token": "<|audio_bos|>",
+    "audio_eos_token": "<|audio_eos|>",
+}
+
+
+def build_tokenizer(
+    added_tokens: tuple[str, ...] = ADDED_TOKENS,
+    extra_special_tokens: dict[str, str] | None = None,
+    chat_template: str = CHAT_TEMPLATE,
+) -> Any:
     """A Qwen2 byte-level BPE with the real layout: 256 byte tokens at ids 0..255, merges that produce the
-    chat-template words at their real ids, fillers elsewhere, then the 22 added tokens from 151643."""
+    chat-template words at their real ids, fillers elsewhere, then the added tokens from 151643 (the
+    Qwen-Omni families share this layout and differ only in their added tokens)."""
     from tokenizers import AddedToken
     from transformers.models.qwen2 import Qwen2Tokenizer
 
@@ -140,7 +157,7 @@ def build_tokenizer() -> Any:
         if i not in used:
             vocab[f"Ġt{i}"] = i
     # In the vocabulary at their ids, so registering them as special tokens below keeps those ids.
-    vocab.update({token: REGULAR_VOCAB + i for i, token in enumerate(ADDED_TOKENS)})
+    vocab.update({token: REGULAR_VOCAB + i for i, token in enumerate(added_tokens)})
     tokenizer = Qwen2Tokenizer(
         vocab=vocab,
         merges=merges,
@@ -148,20 +165,12 @@ def build_tokenizer() -> Any:
         pad_token="<|endoftext|>",
         unk_token=None,
         model_max_length=32768,
-        extra_special_tokens={
-            "image_token": "<|IMAGE|>",
-            "audio_token": "<|AUDIO|>",
-            "video_token": "<|VIDEO|>",
-            "vision_bos_token": "<|vision_bos|>",
-            "vision_eos_token": "<|vision_eos|>",
-            "audio_bos_token": "<|audio_bos|>",
-            "audio_eos_token": "<|audio_eos|>",
-        },
+        extra_special_tokens=extra_special_tokens or EXTRA_SPECIAL_TOKENS,
     )
     tokenizer.add_tokens(
-        [AddedToken(t, special=True, normalized=False) for t in ADDED_TOKENS], special_tokens=True
+        [AddedToken(t, special=True, normalized=False) for t in added_tokens], special_tokens=True
     )
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = chat_template
     return tokenizer
 
 

@@ -75,25 +75,31 @@ class FrameVideoProcessor:
         return x.reshape(t * gh * gw, 3 * tps * ps * ps), [t, gh, gw]
 
 
-class _OmniProcessor(Qwen2_5OmniProcessor):
-    """`Qwen2_5OmniProcessor` whose video slot takes `FrameVideoProcessor` (the only change)."""
+@functools.cache
+def _frame_video_class(base: type) -> type:
+    """`base` (a Qwen-Omni processor class) whose video slot takes `FrameVideoProcessor` (the only change)."""
 
-    def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
+    def check_argument_for_proper_class(self: Any, argument_name: str, argument: Any) -> Any:
         if argument_name == "video_processor":
             return type(argument)
-        return super().check_argument_for_proper_class(argument_name, argument)
+        return base.check_argument_for_proper_class(self, argument_name, argument)
+
+    return type(
+        f"Frame{base.__name__}", (base,), {"check_argument_for_proper_class": check_argument_for_proper_class}
+    )
 
 
 @functools.lru_cache(maxsize=4)
-def load_processor(model_dir: str | Path) -> Qwen2_5OmniProcessor:
-    """The processor of a Qwen2.5-Omni directory (nested `processor_config.json` or the older split files)."""
+def load_processor(model_dir: str | Path, processor_class: type = Qwen2_5OmniProcessor) -> Any:
+    """The processor of a Qwen-Omni directory (nested `processor_config.json` or the older split files),
+    as `processor_class` (Qwen2.5-Omni's, or another family's with the same parts)."""
     model_dir = Path(model_dir)
     sections = _processor_sections(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     fe = {k: v for k, v in sections.get("feature_extractor", {}).items() if not k.endswith("_type")}
     image = {k: v for k, v in sections.get("image_processor", {}).items() if not k.endswith("_type")}
     template = model_dir / "chat_template.jinja"
-    return _OmniProcessor(
+    return _frame_video_class(processor_class)(
         image_processor=Qwen2VLImageProcessorPil(**image),
         video_processor=FrameVideoProcessor(**sections.get("video_processor", image)),
         feature_extractor=WhisperFeatureExtractor(**fe),
@@ -179,7 +185,7 @@ def _image(value: Any) -> Image.Image:
 def _audio(value: Any) -> np.ndarray:
     """Mono float32 at 16 kHz; `(samples, sample_rate)` tuples are resampled linearly."""
     rate = SAMPLE_RATE
-    if isinstance(value, tuple) and len(value) == 2:
+    if isinstance(value, tuple | list) and len(value) == 2 and np.ndim(value[1]) == 0:  # a list once sent
         value, rate = value
     samples = np.asarray(value, dtype=np.float32)
     if samples.ndim != 1 or samples.size == 0:

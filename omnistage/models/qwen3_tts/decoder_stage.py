@@ -46,13 +46,20 @@ def create_engine(ctx: EngineContext) -> GenerationEngine:
     "exact" takes the decoder's receptive field, `CodecDecoder.context_frames`, so that chunks join into
     the one-pass waveform), `max_chunk_frames` (300). A stage deployed with `async_chunk: false` decodes
     each request in one pass, exactly as the reference."""
+    codec = load_codec(ctx.model_dir, torch.float32, ctx.device)
+    return codec_engine(ctx, CodecGenerator(codec), codec.context_frames())
+
+
+def codec_engine(ctx: EngineContext, generator: Any, exact_context: int) -> GenerationEngine:
+    """The generation engine over a codec generator (Qwen3-TTS's, Qwen3-Omni's code2wav) with
+    `create_engine`'s engine_args; `exact_context`: the frames of left context that make chunks join into
+    the one-pass waveform."""
     args = ctx.engine_args
-    generator = CodecGenerator(load_codec(ctx.model_dir, torch.float32, ctx.device))
     if ctx.deploy.async_chunk is False:
         return GenerationEngine(generator, max_num_seqs=ctx.deploy.max_num_seqs)
     chunk = int(args.get("chunk_frames", 25))
     left = args.get("left_context_frames", 25)
-    left = generator.codec.context_frames() if left == "exact" else int(left)
+    left = exact_context if left == "exact" else int(left)
     return GenerationEngine(
         generator,
         max_num_seqs=ctx.deploy.max_num_seqs,

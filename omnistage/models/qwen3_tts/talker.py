@@ -70,26 +70,47 @@ class CodePredictor(nn.Module):
 
     def forward(self, hidden: torch.Tensor, code0_embed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden, code0_embed: [S, H_talker] → (codes [S, G-1], summed embeddings of codes 1.. [S, H])."""
-        from transformers import DynamicCache
+        return residual_codes(
+            self.model,
+            self.lm_head,
+            self.model.codec_embedding,
+            hidden,
+            code0_embed,
+            self.small_to_mtp_projection,
+        )
 
-        cache = DynamicCache()
-        inputs = torch.stack([hidden, code0_embed], dim=1)
-        codes, total = [], torch.zeros_like(hidden)
-        for j, head in enumerate(self.lm_head):
-            start = cache.get_seq_length()
-            positions = torch.arange(start, start + inputs.shape[1], device=hidden.device)
-            out = self.model(
-                inputs_embeds=self.small_to_mtp_projection(inputs),
-                position_ids=positions[None].expand(hidden.shape[0], -1),
-                cache=cache,
-                use_cache=True,
-            )
-            code = head(out.last_hidden_state[:, -1]).argmax(dim=-1)
-            embed = self.model.codec_embedding[j](code)
-            codes.append(code)
-            total = total + embed
-            inputs = embed[:, None]
-        return torch.stack(codes, dim=1), total
+
+def residual_codes(
+    model: nn.Module,
+    heads: nn.ModuleList,
+    embeddings: nn.ModuleList,
+    hidden: torch.Tensor,
+    code0_embed: torch.Tensor,
+    project: nn.Module | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A code predictor's greedy frame (Qwen3-TTS and Qwen3-Omni share it): fed [talker hidden, embedding
+    of code 0] and then each code it makes, `heads[j]` gives code j+1 (a fresh KV cache per frame).
+    Returns (codes [S, G-1], the summed embeddings of codes 1.. [S, H])."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    inputs = torch.stack([hidden, code0_embed], dim=1)
+    codes, total = [], torch.zeros_like(hidden)
+    for j, head in enumerate(heads):
+        start = cache.get_seq_length()
+        positions = torch.arange(start, start + inputs.shape[1], device=hidden.device)
+        out = model(
+            inputs_embeds=project(inputs) if project is not None else inputs,
+            position_ids=positions[None].expand(hidden.shape[0], -1),
+            cache=cache,
+            use_cache=True,
+        )
+        code = head(out.last_hidden_state[:, -1]).argmax(dim=-1)
+        embed = embeddings[j](code)
+        codes.append(code)
+        total = total + embed
+        inputs = embed[:, None]
+    return torch.stack(codes, dim=1), total
 
 
 @dataclasses.dataclass

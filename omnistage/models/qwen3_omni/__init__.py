@@ -1,0 +1,1 @@
+"""Qwen3-Omni: MoE thinker → talker + code predictor → code2wav."""
