@@ -17,7 +17,9 @@ from omnistage.errors import ConfigError
 if TYPE_CHECKING:
     from omnistage.config.pipeline import PipelineSpec
 
-ROUTES = ("chat", "completions", "speech", "images", "videos", "audio_generate")
+# "realtime": the model hears a user's audio itself in a realtime session (`/v1/realtime`); a chat model
+# without it is answered there from the transcript of a served transcription model.
+ROUTES = ("chat", "completions", "speech", "images", "videos", "audio_generate", "realtime")
 # What the entry stage takes: chat messages (a prompt dict with `messages` and media), plain text (the
 # last user text, the speech input), or a speech prompt dict (`input`, `messages`, `speaker`, ...).
 PROMPTS = ("chat", "text", "speech")

@@ -184,7 +184,7 @@ SPEECH_STAGES = (
 # Request sampling fields drive the thinker (the talker keeps TALKER_DEFAULTS unless `stage_params[1]`
 # names a field); the seed reaches code2wav. The speakers are the checkpoint's (checked by the thinker).
 SPEECH_CAPABILITIES = Capabilities(
-    routes=("chat", "completions", "speech"),
+    routes=("chat", "completions", "speech", "realtime"),
     prompt="chat",
     fields={"sampling": (0,), "generation": (2,)},
     voices_of="omnistage.pipelines.qwen2_5_omni:checkpoint_speakers",

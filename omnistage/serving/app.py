@@ -34,6 +34,7 @@ from omnistage.serving.routes import (
 )
 from omnistage.serving.routes import models as model_routes
 from omnistage.serving.routes import voices as voice_routes
+from omnistage.serving.routes import realtime as realtime_routes
 from omnistage.serving.served import ServedModels
 from omnistage.serving.settings import ServerSettings
 from omnistage.serving.video_jobs import VideoJobStore
@@ -80,6 +81,7 @@ def create_app(
     app = FastAPI(title="omnistage", version=__version__, lifespan=lifespan)
     app.state.omnistage = ctx
     install_error_handlers(app, settings.retry_after_s)
+    app.include_router(realtime_routes.router)
     routes = (chat, completions, speech, speech_batch, speech_stream, voice_routes, audio_generate)
     for module in (*routes, images, videos, model_routes):
         app.include_router(module.router)

@@ -75,6 +75,13 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         "--max-voice-upload-bytes", type=int, default=ServerSettings.max_voice_upload_bytes, metavar="BYTES"
     )
     group.add_argument("--max-uploaded-voices", type=int, default=ServerSettings.max_uploaded_voices)
+    group.add_argument("--max-realtime-sessions", type=int, default=ServerSettings.max_realtime_sessions)
+    group.add_argument(
+        "--realtime-idle-timeout", type=float, default=ServerSettings.realtime_idle_timeout_s, metavar="SECONDS"
+    )
+    group.add_argument(
+        "--realtime-max-audio-seconds", type=float, default=ServerSettings.realtime_max_audio_seconds
+    )
     group.add_argument(
         "--speech-stream-idle-timeout",
         type=float,
@@ -96,6 +103,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     return ServerSettings(
         api_key=args.api_key,
+        max_realtime_sessions=args.max_realtime_sessions,
+        realtime_idle_timeout_s=args.realtime_idle_timeout,
+        realtime_max_audio_seconds=args.realtime_max_audio_seconds,
         max_request_bytes=args.max_request_bytes,
         max_image_pixels=args.max_image_pixels,
         storage_dir=args.storage_dir or default_storage_dir(),

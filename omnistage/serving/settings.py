@@ -28,6 +28,11 @@ class ServerSettings:
     retry_after_s: int = 1
     # Seconds in-flight work may take to finish after SIGTERM before it is aborted.
     shutdown_grace_s: float = 10.0
+    # Realtime sessions (`WS /v1/realtime`): how many may be open at once, how long one may stay silent
+    # while nothing is being answered, and how much input audio its buffer (or one item) may hold.
+    max_realtime_sessions: int = 16
+    realtime_idle_timeout_s: float = 300.0
+    realtime_max_audio_seconds: float = 120.0
     # Uploaded voices: one file each under `voices_dir` (None: a temporary dir), bounded in size and count.
     voices_dir: Path | None = None
     max_voice_upload_bytes: int = 10 * 1024 * 1024
@@ -52,3 +57,7 @@ class ServerSettings:
             raise ValueError("max_voice_upload_bytes must be >= 1 and max_uploaded_voices >= 0")
         if self.speech_stream_idle_timeout_s <= 0:
             raise ValueError("speech_stream_idle_timeout_s must be > 0")
+        if self.max_realtime_sessions < 0 or self.realtime_idle_timeout_s <= 0:
+            raise ValueError("max_realtime_sessions must be >= 0 and realtime_idle_timeout_s > 0")
+        if self.realtime_max_audio_seconds <= 0:
+            raise ValueError("realtime_max_audio_seconds must be > 0")
