@@ -23,6 +23,11 @@ ROUTES = ("chat", "completions", "speech", "images", "videos", "audio_generate",
 # What the entry stage takes: chat messages (a prompt dict with `messages` and media), plain text (the
 # last user text, the speech input), or a speech prompt dict (`input`, `messages`, `speaker`, ...).
 PROMPTS = ("chat", "text", "speech")
+# Speech in, text out: "transcriptions" (and "translations" into English) take an audio prompt dict
+# (`audio` as 16 kHz float32 samples, `language`, `task`, `prompt`); the final text output may hold one
+# choice per audio segment and `data["segments"]` (each one's start and end in seconds).
+ROUTES += ("transcriptions", "translations")
+PROMPTS += ("audio",)
 # Request field groups and the params type each fills.
 FIELD_GROUPS = ("sampling", "diffusion", "generation")
 

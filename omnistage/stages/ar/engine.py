@@ -16,6 +16,9 @@ and until they arrive its sequences sit out the steps that would need them), pos
 ("module:function" or the callable: a batched callback after each step's sampling that may emit a frame's
 other codebooks and make the next step's input embeddings, see post_sample.py).
 
+Encoder-decoder models (a loader that gives `cross_kv`) take each request's encoder output in
+`inputs["encoder_hidden_states"]`; see cross_attention.py.
+
 Hidden states out: `SamplingParams.hidden_state_layers` (transformers' `hidden_states` indices) and
 `return_hidden_states` (the last layer, index -1) put one row per computed position into
 `StageOutput.hidden_states[index]`; a request asking for them takes nothing from the prefix cache.
@@ -32,6 +35,8 @@ import torch
 from omnistage.config.pipeline import load_ref
 from omnistage.errors import InvalidRequestError, OmniError
 from omnistage.outputs import Choice, StageOutput, error_output
+from omnistage.stages.ar.cross_attention import INPUT_KEY as ENCODER_INPUT
+from omnistage.stages.ar.cross_attention import encoder_states, project
 from omnistage.stages.ar.detokenizer import IncrementalDetokenizer, decoder_for
 from omnistage.stages.ar.inputs import InputRules, make_request, merge_chunk
 from omnistage.stages.ar.kv_cache import BlockManager, KVStorage, bytes_per_token, plan_num_blocks
@@ -149,6 +154,7 @@ class AREngine:
                 )
             ar = make_request(request, self.rules)
             self._check_fits(ar)
+            cross = self._cross_kv(ar)
         except OmniError as exc:
             self._pending.append(error_output(rid, exc))
             return
@@ -160,6 +166,9 @@ class AREngine:
         limit = min(self.max_model_len, capacity) - len(ar.prompt_token_ids)
         max_tokens = min(ar.params.max_tokens or limit, limit)
         cacheable = cacheable_tokens(ar, self.step_hook is not None or self.post_sample is not None)
+        if cross is not None:
+            cacheable = 0  # self-attention KV depends on the encoder output: never shared by prefix
+        ar.logits_processors[:0] = self.model.logits_processors
         inner = tuple(sorted({i for i in ar.hidden_layers.values() if i < self.num_layers}))
         if inner:
             self._layer_requests[rid] = inner
@@ -172,9 +181,18 @@ class AREngine:
                 detokenizer=self._detokenizer(ar),
                 generator=_generator(ar.params.seed, index),
                 max_cacheable_tokens=cacheable,
+                cross_kv=cross[index] if cross is not None else None,
             )
             ar.sequences.append(seq)
             self.scheduler.add(seq)
+
+    def _cross_kv(self, ar: ARRequest) -> list | None:
+        """Encoder-decoder models: each sequence's cross-attention K/V, computed once, here."""
+        if self.model.cross_kv is None:
+            return None
+        states = encoder_states(ar.inputs, ar.params.n, self.rules.hidden_size)
+        ar.inputs.pop(ENCODER_INPUT, None)  # the projections are all the decoder needs from now on
+        return project(self.model.cross_kv, states, self.dtype, self.device)
 
     def _check_fits(self, ar: ARRequest) -> None:
         need = self.blocks.blocks_needed(len(ar.prompt_token_ids) + 1)

@@ -38,6 +38,11 @@ class LoadedModel:
     tokenizer: Any | None = None
     eos_token_ids: list[int] = dataclasses.field(default_factory=list)
     root: torch.nn.Module | None = None  # owns every weight (moved on sleep); defaults to the decoder
+    # Encoder-decoder models: encoder output [S, H] → each layer's cross-attention K/V (cross_attention.py).
+    cross_kv: Any | None = None
+    # `fn(output_token_ids, logits[V]) -> logits` run for every request before its own (e.g. Whisper's
+    # suppressed tokens, which its `generate` applies to every step).
+    logits_processors: list[Any] = dataclasses.field(default_factory=list)
 
 
 def load_causal_lm(model_dir: str, dtype: torch.dtype, device: str) -> LoadedModel:
@@ -106,6 +111,8 @@ def check_loaded(loaded: Any, loader_name: str) -> LoadedModel:
             tokenizer=getattr(loaded, "tokenizer", None),
             eos_token_ids=list(getattr(loaded, "eos_token_ids", None) or []),
             root=getattr(loaded, "root", None),
+            cross_kv=getattr(loaded, "cross_kv", None),
+            logits_processors=list(getattr(loaded, "logits_processors", None) or []),
         )
     if loaded.root is None:
         loaded.root = loaded.decoder

@@ -10,7 +10,8 @@ Inputs beyond plain token ids, for models whose stages feed each other (thinker 
   (`Sequence.fed_embeds`, post_sample.py), else its token embedding;
 - the engine's step hook `hook(request_inputs, step, embed) -> embed` adjusts the embedding of each
   generated token fed back (step = its index among the generated tokens), e.g. to add the thinker's
-  hidden state for that step.
+  hidden state for that step;
+- an encoder-decoder model's decoder gets each sequence's cross-attention K/V (cross_attention.py).
 
 Hidden states of other layers than the last come out when asked (`layers`): the lean decoder records them
 as it goes, the model's own forward through `output_hidden_states`.
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 
 from omnistage.stages.ar.attention import METADATA_KWARG, build_metadata
+from omnistage.stages.ar.cross_attention import CROSS_KWARG, CrossBatch
 from omnistage.stages.ar.kv_cache import KVStorage
 from omnistage.stages.ar.lean_decoder import LeanDecoder, describe, lean_decoder
 from omnistage.stages.ar.loader import LoadedModel
@@ -92,7 +94,11 @@ class ModelRunner:
             [item.seq.block_table for item in batch],
             self.device,
         )
-        kwargs = {METADATA_KWARG: meta}
+        kwargs: dict[str, Any] = {METADATA_KWARG: meta}
+        if self.model.cross_kv is not None:
+            kwargs[CROSS_KWARG] = CrossBatch(
+                [item.seq.cross_kv for item in batch], offsets, [item.num_tokens for item in batch]
+            )
         if layers:
             kwargs.update(_layer_kwargs(self.decoder, layers))
         out = self.decoder(

@@ -95,6 +95,8 @@ class Sequence:
     # embedding fed back in its place (None: its own token embedding), kept for recompute.
     pending_codes: list[torch.Tensor] = dataclasses.field(default_factory=list)
     fed_embeds: list[torch.Tensor | None] = dataclasses.field(default_factory=list)
+    # Encoder-decoder models: this sequence's cross-attention K/V per layer (cross_attention.py).
+    cross_kv: Any = None
     finish_reason: str | None = None
     finish_sent: bool = False
     stop_reason: str | int | None = None
