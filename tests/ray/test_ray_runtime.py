@@ -115,6 +115,17 @@ async def test_abort_reaches_every_actor(ray_omni):
     assert len(stats["stages"]) == 4  # thinker, talker, two vocoders: each dropped it
 
 
+async def test_sleep_and_wake_reach_every_actor(ray_omni):
+    slept = await ray_omni.sleep(1)
+    assert sorted((r["stage_id"], r["replica"]) for r in slept) == [(0, 0), (1, 0), (2, 0), (2, 1)]
+    assert all(r["result"] is None for r in slept), slept  # the toy engines' sleep returns nothing
+    pending = asyncio.ensure_future(final_of(ray_omni, "asleep"))
+    woken = await ray_omni.wake_up()
+    assert len(woken) == 4 and all(r["result"] is None for r in woken), woken
+    final = await pending
+    assert final.error is None and len(final.token_ids) == 6
+
+
 async def test_killed_actor_fails_only_its_requests_and_a_restarted_replica_serves(ray_omni, gates):
     orch = ray_omni.orchestrator
     gens = [ray_omni.generate(f"k{i} HOLD:kill", PARAMS, request_id=f"kill-{i}") for i in range(4)]
