@@ -367,7 +367,6 @@ function initChat(root) {
     if (temperature !== undefined) body.temperature = temperature;
     if (maxTokens !== undefined) body.max_tokens = maxTokens;
     const player = speak ? new StreamPlayer() : null;
-    const response = await api("/v1/chat/completions", { method: "POST", json: body });
     const user = document.createElement("li");
     user.className = "msg user";
     user.textContent = text;
@@ -379,6 +378,7 @@ function initChat(root) {
     log.append(user, answer);
     let reply = "";
     try {
+      const response = await api("/v1/chat/completions", { method: "POST", json: body });
       for await (const chunk of sseData(response)) {
         const delta = (chunk.choices[0] || {}).delta || {};
         if (!delta.content) continue;

@@ -19,10 +19,8 @@ MEDIA_TYPES = {
 }
 OPEN_PATHS = frozenset({"/", "/playground", *(f"/playground/{name}" for name in MEDIA_TYPES)})
 # The page may talk only to the server it came from and use only its own files.
-HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; img-src 'self' data: blob:; media-src 'self' data: blob:",
-    "Cache-Control": "no-cache",
-}
+CSP = "default-src 'self'; img-src 'self' data: blob:; media-src 'self' data: blob:; connect-src 'self' blob:"
+HEADERS = {"Content-Security-Policy": CSP, "Cache-Control": "no-cache"}
 
 router = APIRouter(include_in_schema=False)
 
