@@ -1,8 +1,8 @@
 """`RayStageClient`: a stage replica as a Ray actor, reached over ZMQ/TCP like a stage process.
 
-The actor (runtime/ray_actor.py) runs the process worker unchanged; this client speaks the same frames
-(`send`/`hold`/`release` are the process client's), asks Ray for the resources the stage's deploy entry
-names, and learns of the actor's death from the call that runs the worker: it returns when the worker
+The actor (runtime/ray_actor.py) runs the process worker unchanged; this client speaks the same frames (a
+held delivery is one multipart message, as for a process), asks Ray for the resources the stage's deploy
+entry names, and learns of the actor's death from the call that runs the worker: it returns when the worker
 stops and raises when the actor dies. Ray is imported only here, so it stays an optional extra.
 """
 
@@ -55,9 +55,7 @@ class RayStageClient(StageClient):
     """One replica's actor. Its inbox is a PUSH socket bound here on TCP; it sends to the orchestrator's
     TCP outbox."""
 
-    send = ProcessStageClient.send
     hold = ProcessStageClient.hold
-    release = ProcessStageClient.release
 
     def __init__(
         self,
@@ -118,6 +116,29 @@ class RayStageClient(StageClient):
     @property
     def alive(self) -> bool:
         return not self.dead and self.actor is not None
+
+    def send(self, msg: Any) -> None:
+        if not self.alive:
+            return
+        frame = self.codec.encode(msg)
+        if self.held is None:
+            self._push([frame])
+        else:
+            self.held.append(frame)
+
+    def release(self) -> None:
+        """What was held, as one multipart message (the process client's contract)."""
+        frames, self.held = self.held, None
+        if frames and self.alive:
+            self._push(frames)
+
+    def _push(self, frames: list[Any]) -> None:
+        # A PUSH socket whose only peer is gone blocks a send; an actor that died a moment before the
+        # monitor saw it must not stall the orchestrator's loop, and its requests fail anyway.
+        try:
+            self.socket.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            logger.warning("%s is not connected; a message to it was dropped", self.label)
 
     def exit_reason(self) -> str | None:
         """Why the actor stopped, once it has (None while it runs)."""
