@@ -30,6 +30,7 @@ from omnistage.serving.routes import (
     speech,
     speech_batch,
     speech_stream,
+    transcriptions,
     videos,
 )
 from omnistage.serving.routes import models as model_routes
@@ -83,7 +84,7 @@ def create_app(
     install_error_handlers(app, settings.retry_after_s)
     app.include_router(realtime_routes.router)
     routes = (chat, completions, speech, speech_batch, speech_stream, voice_routes, audio_generate)
-    for module in (*routes, images, videos, model_routes):
+    for module in (*routes, transcriptions, images, videos, model_routes):
         app.include_router(module.router)
     if settings.playground:
         app.include_router(playground.router)
