@@ -3,6 +3,7 @@ API gives for the same request, media play, and a bad input shows the API's own 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -14,6 +15,9 @@ from PIL import Image
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
+from omnistage.pipelines.demo_shapes import DEMO_SHAPES_PIPELINE
+from omnistage.serving.limits import effective_limits
+from omnistage.serving.settings import ServerSettings
 from tests.playground.conftest import API_KEY
 from tests.polling import wait_until
 
@@ -120,6 +124,13 @@ def test_the_page_loads_with_only_the_server_reachable(browser, server, http, sh
     wait_until(lambda: ready(browser), WAIT_S, "models loaded")
     assert key_error.text == ""
     listed = http.get("/v1/models").json()["data"]
+    # The capabilities the page reads: the shapes model's limits under the server's caps, the voice's voices.
+    caps = {m["id"]: m["omnistage"] for m in listed}
+    shapes = effective_limits(DEMO_SHAPES_PIPELINE.capabilities.limits, ServerSettings())
+    assert caps[SHAPES_MODEL]["limits"] == dataclasses.asdict(shapes)
+    assert caps[SHAPES_MODEL]["routes"] == ["chat", "images", "videos"]
+    voices = http.get("/v1/audio/voices", params={"model": VOICE_MODEL}).json()["models"][0]["voices"]
+    assert caps[VOICE_MODEL]["voices"] == voices and caps[CHAT_MODEL]["modalities"] == ["text", "audio"]
     assert browser.find_element(By.ID, "models-status").text.endswith(", ".join(m["id"] for m in listed))
     # Each panel is offered to the models whose capabilities allow it, and only to them.
     expected = {name: [m["id"] for m in listed if offers(m["omnistage"])] for name, offers in OFFERS.items()}
@@ -149,8 +160,10 @@ def test_a_chat_turn_shows_the_models_answer_and_speaks_it(browser, server, http
     open_playground(browser, server.url)
     root = show(browser, "chat")
     fill(root, "temperature", 0)
-    fill(root, "max_tokens", 10)
-    turns: list[dict] = []
+    fill(root, "max_tokens", 8)
+    system = "You are a friendly assistant."
+    fill(root, "system", system)
+    turns: list[dict] = [{"role": "system", "content": system}]
     for turn, text in enumerate(("Say hello.", "And now goodbye."), 1):
         fill(root, "message", text)
         root.find_element(By.NAME, "send").click()
@@ -166,7 +179,7 @@ def test_a_chat_turn_shows_the_models_answer_and_speaks_it(browser, server, http
                 "model": CHAT_MODEL,
                 "messages": turns,
                 "temperature": 0,
-                "max_tokens": 10,
+                "max_tokens": 8,
                 "modalities": ["text"],
             },
         ).json()["choices"][0]["message"]["content"]
