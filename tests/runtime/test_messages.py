@@ -1,5 +1,7 @@
 """The wire codec: tensors, arrays and images cross as raw buffers (inline or shared memory), unpickled."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -31,16 +33,16 @@ def test_tensors_roundtrip_inline(dtype):
 
 def test_large_tensor_goes_through_shared_memory_and_is_released_on_read():
     connector = ShmConnector()
-    before = set(live_segments())
+    before = set(live_segments(os.getpid()))
     value = torch.randn(100_000)
     sender = Codec(FromWorker, connector=connector)
     frame = sender.encode(Outputs(0, 0, [StageOutput("r", tensors={"x": value})]))
     assert len(frame) < 1000  # only the header travels in the frame
-    created = set(live_segments()) - before
+    created = set(live_segments(os.getpid())) - before
     assert len(created) == 1
     back = Codec(FromWorker).decode(frame).items[0].tensors["x"]
     assert torch.equal(back, value)
-    assert not (set(live_segments()) - before)  # the receiver owned and released it
+    assert not (set(live_segments(os.getpid())) - before)  # the receiver owned and released it
 
 
 def test_lazy_decode_passes_references_through():
