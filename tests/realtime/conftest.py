@@ -1,6 +1,7 @@
 """A real `omnistage serve` for realtime sessions: the tiny Qwen2.5-Omni (it hears audio and answers in text
-and speech) and the hibari voice (which speaks the questions). One server for the whole session, with a small
-session bound, input limit and idle timeout so the limits can be reached."""
+and speech) and the demo's voice loop (Whisper tiny.en transcribes, SmolLM2 answers, the hibari voice speaks;
+the voice also speaks the questions). One server for the whole session, with a small session bound, input
+limit and idle timeout so the limits can be reached."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from tests.serving.server_process import ServerProcess
 
 OMNI = "qwen2_5_omni-tiny-2"
 VOICE = "hibari-en"
+CHAT = "smollm2-135m-instruct"
+WHISPER = "whisper-tiny.en"
 MAX_SESSIONS = 2
 MAX_AUDIO_S = 20
 IDLE_S = 4
@@ -29,10 +32,13 @@ QUESTION = "What is the capital of France?"
 @pytest.fixture(scope="session")
 def realtime_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     from omnistage.demo.qwen2_5_omni import qwen2_5_omni_dir
-    from omnistage.demo.voice import voice_dir
+    from omnistage.demo.smollm import smollm2_dir
+    from omnistage.demo.voice import spoken_chat_dir, voice_dir
+    from omnistage.demo.whisper import whisper_dir
 
     log = tmp_path_factory.mktemp("realtime-server") / "server.log"
-    args = ["serve", str(qwen2_5_omni_dir()), str(voice_dir()), "--num-threads", "1"]
+    models = [qwen2_5_omni_dir(), spoken_chat_dir(smollm2_dir()), voice_dir(), whisper_dir()]
+    args = ["serve", *map(str, models), "--num-threads", "1"]
     args += ["--max-realtime-sessions", str(MAX_SESSIONS), "--realtime-max-audio-seconds", str(MAX_AUDIO_S)]
     args += ["--realtime-idle-timeout", str(IDLE_S), "--voices-dir", str(tmp_path_factory.mktemp("voices"))]
     server = ServerProcess(args, log, module="omnistage")
@@ -63,6 +69,12 @@ def question(http: httpx.Client) -> np.ndarray:
     samples, rate = sf.read(io.BytesIO(response.content), dtype="int16")
     assert rate == RATE
     return samples
+
+
+def wav_bytes(samples: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    sf.write(out, samples, RATE, format="WAV", subtype="PCM_16")
+    return out.getvalue()
 
 
 def spoken_turn(speech: np.ndarray, lead_s: float = 0.5, tail_s: float = 1.2) -> np.ndarray:

@@ -5,11 +5,9 @@ answered with `error` events, the session bound and the idle timeout."""
 from __future__ import annotations
 
 import base64
-import io
 
 import numpy as np
 import pytest
-import soundfile as sf
 from openai import OpenAI
 
 from tests.realtime.conftest import (
@@ -21,6 +19,7 @@ from tests.realtime.conftest import (
     chunks,
     recv_until,
     spoken_turn,
+    wav_bytes,
 )
 from tests.speech.stages import wait_idle
 
@@ -43,12 +42,8 @@ def greedy_session(stage_params: list, turn_detection: dict | None = None) -> di
 
 def chat_answer(http, samples: np.ndarray) -> str:
     """The thinker's greedy answer to `samples` over /v1/chat/completions."""
-    wav = io.BytesIO()
-    sf.write(wav, samples, RATE, format="WAV", subtype="PCM_16")
-    part = {
-        "type": "input_audio",
-        "input_audio": {"data": base64.b64encode(wav.getvalue()).decode(), "format": "wav"},
-    }
+    data = base64.b64encode(wav_bytes(samples)).decode()
+    part = {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}
     body = {
         "model": OMNI,
         "messages": [{"role": "user", "content": [part]}],

@@ -1,21 +1,31 @@
 """The transcript of a user's audio item (`input_audio_transcription`), by a served transcription model.
 
-A model that does not hear audio itself is answered from the transcript, so its session needs one: the
-session's `audio.input.transcription.model`, else the first served model that serves transcriptions.
+It is the request `/v1/audio/transcriptions` makes for the same audio (the route's prompt, greedy unless the
+session says otherwise, the same joined segments), so a session's transcript is exactly what that route
+answers for the committed audio. A model that does not hear audio itself is answered from this transcript,
+so its session needs a transcriber: `audio.input.transcription.model`, else the first served model that
+serves transcriptions.
 """
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import numpy as np
 
 from omnistage.errors import InvalidRequestError
+from omnistage.serving import transcripts
 from omnistage.serving.context import ServerContext
+from omnistage.serving.generation import generate, last_output
+from omnistage.serving.media import resample
+from omnistage.serving.realtime.events import SAMPLE_RATE
 from omnistage.serving.served import ServedModel
+from omnistage.serving.stage_params import build_stage_params
 
 ROUTE = "transcriptions"
 PARAM = "session.audio.input.transcription.model"
+TRANSCRIPTION_RATE = 16000  # what the transcriptions capability's `audio` prompt holds
 
 
 def transcriber(ctx: ServerContext, name: str | None) -> ServedModel:
@@ -30,6 +40,16 @@ def transcriber(ctx: ServerContext, name: str | None) -> ServedModel:
 
 
 async def transcribe(ctx: ServerContext, wanted: Any, samples: np.ndarray) -> str:
-    """The transcript of 24 kHz mono `samples`."""
+    """The transcript of 24 kHz mono `samples` (`wanted`: the session's transcription settings or None)."""
     model = transcriber(ctx, wanted.model if wanted is not None else None)
-    raise InvalidRequestError(f"{PARAM}: {model.name!r} cannot transcribe yet", param=PARAM)
+    audio = resample(samples, SAMPLE_RATE, TRANSCRIPTION_RATE)
+    prompt = {
+        "audio": audio,
+        "language": wanted.language if wanted is not None else None,
+        "task": "transcribe",
+        "prompt": wanted.prompt if wanted is not None else None,
+    }
+    params = build_stage_params(model, sampling={"temperature": 0.0}, limits=model.limits(ctx.settings))
+    request_id = f"transcription-{uuid.uuid4().hex}"
+    out = await last_output(generate(model, ctx.metrics, prompt, params, request_id, ["text"]))
+    return transcripts.full_text(transcripts.segments_of(out, set()))
