@@ -45,10 +45,11 @@ PROMPTS = _prompts()
 
 
 def greedy_params() -> list[object]:
-    """Per-stage params matching the reference run: greedy thinker and talker (no repetition penalty)."""
+    """Per-stage params matching the reference run: greedy thinker and talker (the
+    reference talker's repetition penalty)."""
     return [
         SamplingParams(temperature=0.0, max_tokens=THINKER_TOKENS),
-        SamplingParams(temperature=0.0, max_tokens=FRAMES, repetition_penalty=1.0),
+        SamplingParams(temperature=0.0, max_tokens=FRAMES, repetition_penalty=1.05),
         None,
     ]
 

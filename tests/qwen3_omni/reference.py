@@ -34,7 +34,8 @@ def run_reference(
     thinker_max_new_tokens: int = 8,
     talker_max_new_tokens: int = 32,
 ) -> ReferenceOutput:
-    """Greedy thinker, talker and code predictor (`talker_do_sample=False`, no repetition penalty)."""
+    """Greedy thinker, talker and code predictor (`talker_do_sample=False`); the talker keeps its default
+    repetition penalty (1.05, over its generated codes: its prompt ids are all the suppressed codec pad)."""
     inputs = dict(prompt_to_inputs(processor, prompt))
     captured: dict[str, Any] = {}
     talker_generate = model.talker.generate
@@ -52,7 +53,7 @@ def run_reference(
             thinker_do_sample=False,
             talker_max_new_tokens=talker_max_new_tokens,
             talker_do_sample=False,
-            talker_repetition_penalty=1.0,
+            talker_repetition_penalty=1.05,
         )
     finally:
         del model.talker.generate
