@@ -164,7 +164,12 @@ class Orchestrator:
             if self._startup_errors:
                 raise StageError("; ".join(self._startup_errors), stage_id=None, stage_name="start-up")
             if time.monotonic() > deadline:
-                raise StageError(f"stages not ready after {self.startup_timeout:.0f} s")
+                waiting = [
+                    f"{c.label} ({c.describe_wait() if isinstance(c, RayStageClient) else 'no Ready yet'})"
+                    for c in self._clients()
+                    if not c.ready
+                ]
+                raise StageError(f"stages not ready after {self.startup_timeout:.0f} s: {', '.join(waiting)}")
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), 0.2)

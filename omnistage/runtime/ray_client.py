@@ -172,6 +172,14 @@ class RayStageClient(StageClient):
                 self._describe = None
         return self._node
 
+    def describe_wait(self) -> str:
+        """Why it may not be ready: an actor waits for a node that has what it asks for."""
+        asks = {"CPU": 1 if self.deploy.num_cpus is None else self.deploy.num_cpus, **self.deploy.resources}
+        if self.deploy.num_gpus:
+            asks["GPU"] = self.deploy.num_gpus
+        placed = "placed" if self.node is not None else "not placed yet"
+        return f"Ray actor {placed}; it asks for {asks} (ray status shows what the nodes have)"
+
     def log_tail(self, lines: int = 30) -> str:
         return "(a Ray actor's log is in the Ray session's logs/worker-*.err on its node)"
 
@@ -182,7 +190,7 @@ class RayStageClient(StageClient):
 
     def close(self, timeout: float = 5.0) -> None:
         ray = import_ray()
-        if self.actor is not None and self.exit_reason() is None:
+        if self.actor is not None and self.ready and self.exit_reason() is None:  # else: nothing to drain
             with contextlib.suppress(Exception):
                 self.socket.send(self.codec.encode(Shutdown()), zmq.NOBLOCK)
             ray.wait([self.done], timeout=timeout)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from omnistage import AsyncOmni, SamplingParams
-from omnistage.errors import StageDeadError
+from omnistage.errors import StageDeadError, StageError
 from omnistage.serving.app import create_app
 from tests.polling import wait_until, wait_until_async
 from tests.ray.conftest import actor_states, pinned_overrides, ray
@@ -172,3 +172,14 @@ def test_shutdown_leaves_no_actor_and_no_object(ray_omni):
     wait_until(lambda: "ALIVE" not in actor_states(), 60, "every actor dead")
     refs = ray._private.worker.global_worker.core_worker.get_all_reference_counts()
     assert not refs, refs
+
+
+def test_an_actor_no_node_can_host_is_named_at_start_up(ray_cluster):
+    vocoder = {"stage_id": 2, "placement": "ray", "num_cpus": 0.5, "resources": {"gpu_node": 1}}
+    deploy = {"placement": "inline", "stages": [vocoder]}  # the others start at once, on threads
+    """No node carries `gpu_node`: start-up fails naming the replica and what it asks for, and the pending
+    actor is removed."""
+    waiting = r"stage 2 \(vocoder\) replica 0 \(Ray actor not placed yet.*gpu_node"
+    with pytest.raises(StageError, match=waiting):
+        AsyncOmni(speech_pipeline(), deploy, startup_timeout=3)
+    wait_until(lambda: {"ALIVE", "PENDING_CREATION"}.isdisjoint(actor_states()), 60, "no actor left")
