@@ -1,4 +1,8 @@
-"""Qwen2.5-Omni text + audio serving: transformers one request at a time vs omnistage's three-stage pipeline.
+"""Qwen-Omni text + audio serving: transformers one request at a time vs omnistage's three-stage pipeline.
+
+`--family qwen2_5_omni` (default) or `qwen3_omni` (MoE thinker → talker + code predictor → code2wav; its
+talker tokens are 16-codebook frames at 12.5 Hz, and its baseline is
+`Qwen3OmniMoeForConditionalGeneration.generate(return_audio=True)`).
 
 Workload: N requests (different prompts), each answered with text and speech. Every system does the same
 work: greedy decoding, exactly `--thinker-tokens` text tokens and `--talker-tokens` codec tokens per request
@@ -35,9 +39,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import statistics
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -45,8 +52,50 @@ import torch
 from omnistage import AsyncOmni, GenerationParams, SamplingParams
 from omnistage.demo.qwen2_5_omni import qwen2_5_omni_dir
 from omnistage.models.qwen2_5_omni.processor import load_processor, prompt_to_inputs
+from omnistage.models.qwen3_omni.checkpoint import qwen3_omni_dir
 
 TOPICS = ["cats", "rain", "trains", "the sea", "music", "bread", "winter", "rivers"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """What differs between the Qwen-Omni families here."""
+
+    title: str
+    model_dir: Callable[[str], Path]
+    reference_class: str  # the transformers composite model
+    processor_class: str
+    samples_per_token: int  # 24 kHz samples per talker token
+    left_pad: bool  # Qwen2.5-Omni's reference needs one masked pad token (tests/omni/omni_reference.py)
+    talker_extra_token: int  # the Qwen3-Omni reference makes no frame of its last talker token
+    seeded_code2wav: bool
+    targets: tuple[float, float]  # the issue's (TTFA async / full, JCT / transformers) targets
+
+
+FAMILIES = {
+    "qwen2_5_omni": Family(
+        "Qwen2.5-Omni",
+        qwen2_5_omni_dir,
+        "Qwen2_5OmniForConditionalGeneration",
+        "Qwen2_5OmniProcessor",
+        480,
+        True,
+        0,
+        True,
+        (0.25, 0.2),
+    ),
+    "qwen3_omni": Family(
+        "Qwen3-Omni",
+        qwen3_omni_dir,
+        "Qwen3OmniMoeForConditionalGeneration",
+        "Qwen3OmniMoeProcessor",
+        1920,
+        False,
+        1,
+        False,
+        (0.2, 0.15),
+    ),
+}
 
 
 def prompts(n: int) -> list[str]:
@@ -80,32 +129,38 @@ class Baseline:
     """transformers `generate(return_audio=True)`, one request at a time; the model is loaded once."""
 
     def __init__(self, model_dir: str, args: argparse.Namespace):
-        from transformers import Qwen2_5OmniForConditionalGeneration
+        import transformers
 
+        family = FAMILIES[args.family]
         torch.set_num_threads(args.baseline_threads)
-        self.model = Qwen2_5OmniForConditionalGeneration.from_pretrained(
-            model_dir, dtype=torch.float32
-        ).eval()
-        self.processor = load_processor(model_dir)
+        self.model = (
+            getattr(transformers, family.reference_class)
+            .from_pretrained(model_dir, dtype=torch.float32)
+            .eval()
+        )
+        self.processor = load_processor(model_dir, getattr(transformers, family.processor_class))
         self.args = args
+        self.left_pad = family.left_pad
+        talker_tokens = args.talker_tokens + family.talker_extra_token
         self.kwargs = dict(
             thinker_max_new_tokens=args.thinker_tokens,
             thinker_min_new_tokens=args.thinker_tokens,
             thinker_do_sample=False,
-            talker_max_new_tokens=args.talker_tokens,
-            talker_min_new_tokens=args.talker_tokens,
+            talker_max_new_tokens=talker_tokens,
+            talker_min_new_tokens=talker_tokens,
             talker_do_sample=False,
         )
         self.one(prompts(1)[0])  # warm-up
 
     def one(self, text: str) -> torch.Tensor:
         inputs = dict(prompt_to_inputs(self.processor, text))
-        # One masked pad token keeps transformers on the talker's designed path (codec BOS/pad embeddings,
-        # multimodal positions; see tests/omni/omni_reference.py), which is what omnistage computes.
-        inputs["input_ids"] = torch.nn.functional.pad(inputs["input_ids"], (1, 0), value=151643)
-        inputs["attention_mask"] = torch.nn.functional.pad(inputs["attention_mask"], (1, 0), value=0)
+        if self.left_pad:
+            # One masked pad token keeps transformers on the talker's designed path (codec BOS/pad
+            # embeddings, multimodal positions; see tests/omni/omni_reference.py), which omnistage computes.
+            inputs["input_ids"] = torch.nn.functional.pad(inputs["input_ids"], (1, 0), value=151643)
+            inputs["attention_mask"] = torch.nn.functional.pad(inputs["attention_mask"], (1, 0), value=0)
         torch.manual_seed(0)
-        return self.model.generate(**inputs, **self.kwargs)[1]
+        return self.model.generate(**inputs, **self.kwargs)[1].reshape(-1)
 
     def run(self, texts: list[str]) -> tuple[dict, list]:
         args = self.args
@@ -144,7 +199,7 @@ async def run_omnistage(model_dir: str, texts: list[str], args: argparse.Namespa
             min_tokens=args.talker_tokens,
             repetition_penalty=1.05,
         ),
-        GenerationParams(seed=0),
+        GenerationParams(seed=0) if FAMILIES[args.family].seeded_code2wav else None,
     ]
 
     async def one(text: str, t0: float) -> tuple[float, float, torch.Tensor]:
@@ -156,7 +211,7 @@ async def run_omnistage(model_dir: str, texts: list[str], args: argparse.Namespa
                 if out.error is not None:
                     raise RuntimeError(out.error)
                 marks.append(out.metrics)
-                return first, time.perf_counter() - t0, out.audio
+                return first, time.perf_counter() - t0, out.audio.reshape(-1)
         raise RuntimeError("no terminal output")
 
     marks: list[dict[str, float]] = []
@@ -190,11 +245,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--family", default="qwen2_5_omni", choices=sorted(FAMILIES))
     parser.add_argument("--size", default="bench", choices=["tiny", "bench"])
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--concurrency", type=int, default=8, help="requests each stage serves at once")
     parser.add_argument("--thinker-tokens", type=int, default=24)
-    parser.add_argument("--talker-tokens", type=int, default=288, help="~12 codec tokens per text token")
+    parser.add_argument(
+        "--talker-tokens",
+        type=int,
+        default=None,
+        help="codec tokens (Qwen3-Omni: frames) per request; default 288 (Qwen2.5-Omni), 72 (Qwen3-Omni): "
+        "5.8 s of audio either way",
+    )
     parser.add_argument(
         "--arrival",
         default="closed",
@@ -221,12 +283,17 @@ def main() -> None:
             flag, type=lambda text: [int(n) for n in text.split(",")], default=[], help=f"{what} per stage"
         )
     args = parser.parse_args()
-    model_dir = str(qwen2_5_omni_dir(args.size))
+    family = FAMILIES[args.family]
+    if args.talker_tokens is None:
+        args.talker_tokens = 288 * 480 // family.samples_per_token
+    model_dir = str(family.model_dir(args.size))
     texts = prompts(args.requests)
     print(
-        f"Qwen2.5-Omni ({args.size}) {model_dir}: {args.requests} requests, concurrency {args.concurrency}, "
+        f"{family.title} ({args.size}) {model_dir}: {args.requests} requests, "
+        f"concurrency {args.concurrency}, "
         f"arrival {args.arrival}, {args.thinker_tokens} text + {args.talker_tokens} codec tokens each "
-        f"({args.talker_tokens * 480 / 24000:.1f} s of audio); baseline threads {args.baseline_threads}; "
+        f"({args.talker_tokens * family.samples_per_token / 24000:.1f} s of audio); baseline threads "
+        f"{args.baseline_threads}; "
         f"load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )
@@ -262,7 +329,7 @@ def main() -> None:
             print(f"  full handoff vs transformers waveform: max abs diff {exact:.2e}")
     print("median over rounds (every round's in brackets):")
     for key, values in ratios.items():
-        target = 0.25 if key.startswith("TTFA") else 0.2
+        target = family.targets[0] if key.startswith("TTFA") else family.targets[1]
         listed = " ".join(f"{v:.3f}" for v in values)
         print(f"  {key}: {statistics.median(values):.3f}x [{listed}] (target <= {target})")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
