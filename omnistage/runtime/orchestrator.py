@@ -211,6 +211,7 @@ class Orchestrator:
             output_connector=self._output_connector(spec),
             input_connector=self._input_connector(spec),
             zmq_context=self.zmq,
+            inline_limit=self._inline_limit(spec),
             **common,
         )
 

@@ -28,7 +28,7 @@ from omnistage.config.deploy import StageDeploy
 from omnistage.config.pipeline import StageSpec
 from omnistage.connectors.shm import ShmConnector
 from omnistage.runtime.launch import WorkerConfig, refs_to_paths, stage_to_dict
-from omnistage.runtime.messages import Codec, Shutdown, ToWorker
+from omnistage.runtime.messages import INLINE_LIMIT, Codec, Shutdown, ToWorker
 from omnistage.runtime.stage_board import BoardSeat
 from omnistage.stages.worker import create_engine, serve_stage
 
@@ -174,9 +174,11 @@ class ProcessStageClient(StageClient):
         output_connector: str,
         input_connector: str,
         zmq_context: zmq.Context,
+        inline_limit: int = INLINE_LIMIT,
         **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
+        self.inline_limit = inline_limit  # the worker's: payloads up to this size ride in its frames
         self.ipc_dir = ipc_dir
         self.outbox = outbox
         self.owner_pid = owner_pid
@@ -206,6 +208,7 @@ class ProcessStageClient(StageClient):
             output_connector=self.output_connector,
             stream_tensors=self.stream_tensors,
             board_seat=self.board_seat,
+            inline_limit=self.inline_limit,
         )
         path = self.ipc_dir / f"stage-{self.stage.stage_id}-{self.replica}.json"
         path.write_bytes(msgspec.json.encode(cfg))
