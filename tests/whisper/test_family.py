@@ -108,6 +108,22 @@ def test_tiny_en_tokens_equal_transformers_on_hibari_speech(tiny_en_outputs):
         assert [t for t in tiny_en_outputs[i].token_ids if t != eos] == expected[i], i
 
 
+def test_previous_text_prompt_decodes_as_transformers_prompt_ids(tiny_en):
+    from transformers import WhisperTokenizerFast
+
+    text = "Platform two, trains and stations."
+    reference = Reference(whisper_dir())
+    prompt_ids = WhisperTokenizerFast.from_pretrained(whisper_dir()).get_prompt_ids(text, return_tensors="pt")
+    feats = reference.features(clip(6), sampling_rate=RATE, return_tensors="pt", device="cpu").input_features
+    with torch.inference_mode():
+        expected = reference.model.generate(feats, prompt_ids=prompt_ids)[0].tolist()
+    (out,) = tiny_en.generate(
+        [transcription_prompt(clip(6), prompt=text)], SamplingParams(temperature=0.0), use_tqdm=False
+    )
+    assert out.prompt_token_ids[: len(prompt_ids)] == prompt_ids.tolist()
+    assert [t for t in out.token_ids if t != reference.model.generation_config.eos_token_id] == expected
+
+
 def test_demo_transcribes_hibari_speech_with_low_word_error_rate(tiny_en_outputs):
     """Normaliser: lower case, words of letters and apostrophes (tests/asr.py `words`)."""
     errors = [word_errors(ref, out.text) for ref, out in zip(SENTENCES, tiny_en_outputs, strict=True)]

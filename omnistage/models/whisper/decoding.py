@@ -1,9 +1,10 @@
 """Whisper's decoder prompt and suppressed tokens, as its `generate` builds them (GenerationConfig).
 
-The prompt is `<|startofprev|> prompt tokens` (when a text prompt is given) then the start of transcript,
-the language and task tokens (multilingual models) and `<|notimestamps|>`. Every step suppresses the
-config's `suppress_tokens`; the first generated token also `begin_suppress_tokens` (a blank, the end of
-text), which is what transformers' logits processors do, so greedy tokens match its `generate`.
+The prompt is `<|startofprev|> prompt tokens` (when a text prompt is given: its last MAX_PROMPT_TOKENS),
+then the start of transcript, the language and task tokens (multilingual models) and `<|notimestamps|>`.
+Every step suppresses the config's `suppress_tokens`; the first generated token also
+`begin_suppress_tokens` (a blank, the end of text), which is what transformers' logits processors do, so
+greedy tokens match its `generate`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import torch
 from omnistage.errors import InvalidRequestError
 
 TASKS = ("transcribe", "translate")
+# A previous-text prompt keeps its last 223 tokens (Whisper's n_text_ctx // 2 - 1), as OpenAI's whisper does.
+MAX_PROMPT_TOKENS = 223
 
 
 def language_token(gen: Any, language: str) -> int:
@@ -37,7 +40,8 @@ def decoder_prompt(
         raise InvalidRequestError(f"task must be one of {TASKS}, got {task!r}", param="task")
     ids: list[int] = []
     if prompt and prompt.strip():
-        ids = [int(gen.prev_sot_token_id)] + tokenizer.encode(" " + prompt.strip(), add_special_tokens=False)
+        text = tokenizer.encode(" " + prompt.strip(), add_special_tokens=False)
+        ids = [int(gen.prev_sot_token_id)] + text[-(MAX_PROMPT_TOKENS):]
     ids.append(int(gen.decoder_start_token_id))
     if getattr(gen, "is_multilingual", False):
         ids.append(language_token(gen, language or "en"))
