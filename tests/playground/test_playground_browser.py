@@ -26,6 +26,7 @@ pytestmark = pytest.mark.e2e
 CHAT_MODEL = "smollm2-135m-instruct"
 VOICE_MODEL = "hibari-en"
 SHAPES_MODEL = "wan-shapes"
+WHISPER_MODEL = "whisper-tiny.en"
 WAIT_S = 120
 # Which panel each model's capabilities (`/v1/models` "omnistage" block) allow.
 OFFERS = {
@@ -136,6 +137,8 @@ def test_the_page_loads_with_only_the_server_reachable(browser, server, http, sh
     expected = {name: [m["id"] for m in listed if offers(m["omnistage"])] for name, offers in OFFERS.items()}
     assert expected["chat"] == [CHAT_MODEL] and expected["speech"] == [VOICE_MODEL]
     assert expected["images"] == expected["video"] == [SHAPES_MODEL]
+    # The chat model does not hear audio, but Whisper transcribes for it: it holds live voice sessions.
+    assert expected["live"] == [CHAT_MODEL] and "realtime" not in caps[WHISPER_MODEL]["routes"]
     for panel, models in expected.items():
         tab = browser.find_element(By.CSS_SELECTOR, f'#tabs button[data-panel="{panel}"]')
         assert tab.is_displayed() == bool(models)
@@ -290,3 +293,39 @@ def test_bad_inputs_show_the_apis_message_beside_their_field(browser, server, ht
     body = {"model": VOICE_MODEL, "input": "hi", "response_format": "mp3", "stream_format": "sse"}
     wait_until(lambda: error_beside(root, "response_format"), WAIT_S, "the format's error")
     assert error_beside(root, "response_format") == api_error(http.post("/v1/audio/speech", json=body))
+
+
+def test_live_voice_hears_the_microphone_answers_and_speaks(browser, server, http, shots, microphone):
+    open_playground(browser, server.url)
+    root = show(browser, "live")
+    fill(root, "temperature", 0)
+    fill(root, "max_output_tokens", 16)
+    root.find_element(By.NAME, "start").click()  # the microphone (the question's WAV) starts now
+    heard_turn = "document.querySelector('#panel-live .msg.user[data-state=\"done\"]')"
+    wait_for(browser, heard_turn, "the transcript")
+    answer = root.find_element(By.CSS_SELECTOR, ".msg.assistant")
+    wait_until(lambda: answer.get_attribute("data-state") != "streaming", WAIT_S, "the answer")
+    assert answer.get_attribute("data-state") == "completed", root.text
+    # The user's turn reads as Whisper reads the WAV the microphone played.
+    files = {"file": ("question.wav", microphone.read_bytes(), "audio/wav")}
+    heard = http.post("/v1/audio/transcriptions", data={"model": WHISPER_MODEL}, files=files)
+    assert heard.status_code == 200, heard.text
+    transcript = heard.json()["text"]
+    assert transcript and root.find_element(By.CSS_SELECTOR, ".msg.user p").text == transcript.strip()
+    # The answer is the chat model's greedy answer to that transcript, and its audio played out.
+    messages = [{"role": "user", "content": transcript}]
+    body = {"model": CHAT_MODEL, "messages": messages, "temperature": 0, "max_tokens": 16}
+    chat = http.post("/v1/chat/completions", json={**body, "modalities": ["text"]}).json()
+    expected = chat["choices"][0]["message"]["content"]
+    assert expected and answer.find_element(By.TAG_NAME, "p").text == expected.strip()
+    samples_played = "Number(document.getElementById('panel-live').dataset.samplesPlayed || 0)"
+    played = wait_for(browser, samples_played, "the answer's audio played")
+    assert played > 0 and int(root.get_attribute("data-samples-sent")) > 0
+    assert [e.text for e in root.find_elements(By.CSS_SELECTOR, ".error") if e.text] == []
+    browser.save_screenshot(str(shots / "live.png"))
+    # Stop: the session closes and the panel can start again.
+    root.find_element(By.NAME, "stop").click()
+    status = root.find_element(By.CLASS_NAME, "live-status")
+    wait_until(lambda: status.get_attribute("data-state") == "closed", WAIT_S, "the session closed")
+    buttons = [root.find_element(By.NAME, name).is_enabled() for name in ("start", "stop")]
+    assert buttons == [True, False]

@@ -160,12 +160,14 @@ function sharedAudioContext() {
 
 /** Plays PCM16 chunks back to back as they arrive and keeps them for the finished file. */
 class StreamPlayer {
-  constructor() {
+  constructor(onPlayed = null) {
     this.context = sharedAudioContext();
     this.next = 0;
     this.parts = [];
     this.rate = 0;
     this.chunks = 0;
+    this.sources = new Set();
+    this.onPlayed = onPlayed; // called with the samples of each chunk once it has played out
   }
 
   push(pcm, rate) {
@@ -180,9 +182,26 @@ class StreamPlayer {
     const source = this.context.createBufferSource();
     source.buffer = buffer;
     source.connect(this.context.destination);
+    source.onended = () => {
+      this.sources.delete(source);
+      if (this.onPlayed) this.onPlayed(samples.length);
+    };
+    this.sources.add(source);
     this.next = Math.max(this.next, this.context.currentTime);
     source.start(this.next);
     this.next += buffer.duration;
+  }
+
+  /** Silences what is playing or scheduled (barge-in); returns how many chunks it cut. */
+  stop() {
+    const cut = this.sources.size;
+    for (const source of this.sources) {
+      source.onended = null;
+      source.stop();
+    }
+    this.sources.clear();
+    this.next = 0;
+    return cut;
   }
 
   blob() {
@@ -223,8 +242,6 @@ const OFFERS = {
   speech: (c) => c.routes.includes("speech"),
   images: (c) => c.routes.includes("images"),
   video: (c) => c.routes.includes("videos"),
-  // HOOK(issue 30): live voice is offered once a model declares the "realtime" route; its client (mic in
-  // over /v1/realtime, spoken answer and transcripts out) is still to be written.
   live: (c) => c.routes.includes("realtime"),
 };
 
@@ -523,6 +540,215 @@ function initVideo(root) {
   });
 }
 
+// ---- live voice: WS /v1/realtime -------------------------------------------------------------------
+
+const LIVE_RATE = 24000; // the realtime API's pcm16 rate, both ways
+const MIC_CHUNK = 2048; // samples a microphone chunk holds (about 85 ms)
+const KEY_PROTOCOL = "openai-insecure-api-key."; // a browser cannot set headers on a WebSocket
+
+function pcm16Base64(floats) {
+  const bytes = new Uint8Array(floats.length * 2);
+  const view = new DataView(bytes.buffer);
+  for (let i = 0; i < floats.length; i++) {
+    const x = Math.max(-1, Math.min(1, floats[i]));
+    view.setInt16(2 * i, Math.round(x < 0 ? x * 32768 : x * 32767), true);
+  }
+  let binary = "";
+  for (let i = 0; i < bytes.length; i += 0x8000) binary += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+  return btoa(binary);
+}
+
+/** Why the socket closed before a session opened: the server closes 1008 for a missing or wrong key. */
+function closedBeforeSession(event) {
+  if (event.code === 1008) return new ApiError("the server refused the session (1008): check the API key", "api_key");
+  return new ApiError(`the server closed the connection (${event.code}${event.reason ? `: ${event.reason}` : ""})`);
+}
+
+/** One realtime session: the microphone in, server VAD turns, transcripts and the spoken answer out. */
+class LiveSession {
+  constructor(root, model) {
+    this.root = root;
+    this.model = model;
+    this.log = $(root, ".log");
+    this.status = $(root, ".live-status");
+    this.users = new Map(); // item id → its <li>
+    this.answers = new Map(); // response id → {li, text, player}
+    this.player = null; // the answer now playing
+    this.responding = false;
+    this.closing = false;
+  }
+
+  /** Resolves once the session is configured and the microphone streams into it. */
+  async open(session) {
+    const key = sessionStorage.getItem(KEY_STORAGE);
+    const scheme = location.protocol === "https:" ? "wss" : "ws";
+    const url = `${scheme}://${location.host}/v1/realtime?model=${encodeURIComponent(this.model)}`;
+    this.ws = new WebSocket(url, ["realtime", ...(key ? [KEY_PROTOCOL + key] : [])]);
+    await new Promise((resolve, reject) => {
+      this.ws.onmessage = (message) => {
+        const event = JSON.parse(message.data);
+        if (event.type === "session.created") resolve();
+        else if (event.type === "error") reject(new ApiError(event.error.message, event.error.param));
+      };
+      this.ws.onclose = (event) => reject(closedBeforeSession(event));
+    });
+    this.ws.onmessage = (message) => this.handle(JSON.parse(message.data));
+    this.ws.onclose = (event) => this.closed(event);
+    this.send({ type: "session.update", session });
+    await this.startMicrophone();
+    this.setStatus("listening", "listening: speak, then pause");
+  }
+
+  async startMicrophone() {
+    const constraints = { channelCount: 1, echoCancellation: true, noiseSuppression: false, autoGainControl: false };
+    this.stream = await navigator.mediaDevices.getUserMedia({ audio: constraints });
+    this.mic = new AudioContext({ sampleRate: LIVE_RATE }); // the browser resamples the microphone to 24 kHz
+    const source = this.mic.createMediaStreamSource(this.stream);
+    const processor = this.mic.createScriptProcessor(MIC_CHUNK, 1, 1);
+    processor.onaudioprocess = (e) => {
+      const audio = pcm16Base64(e.inputBuffer.getChannelData(0));
+      this.send({ type: "input_audio_buffer.append", audio });
+      this.root.dataset.samplesSent = String(Number(this.root.dataset.samplesSent || 0) + MIC_CHUNK);
+    };
+    source.connect(processor);
+    processor.connect(this.mic.destination); // a ScriptProcessor runs only while connected
+  }
+
+  send(event) {
+    if (this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify(event));
+  }
+
+  setStatus(state, text) {
+    this.status.dataset.state = state;
+    this.status.textContent = text;
+  }
+
+  message(role, itemId) {
+    const li = document.createElement("li");
+    li.className = `msg ${role}`;
+    li.dataset.item = itemId || "";
+    li.dataset.state = "streaming";
+    const text = document.createElement("p");
+    li.append(text);
+    this.log.append(li);
+    return li;
+  }
+
+  handle(event) {
+    const type = event.type;
+    if (type === "input_audio_buffer.speech_started") {
+      // Barge-in: the user speaks over the answer, so it stops at once (the server cancels it too).
+      if (this.player && this.player.stop()) this.root.dataset.bargeIns = String(Number(this.root.dataset.bargeIns || 0) + 1);
+      this.users.set(event.item_id, this.message("user", event.item_id));
+      this.setStatus("hearing", "hearing you…");
+    } else if (type === "input_audio_buffer.speech_stopped") {
+      this.setStatus("thinking", "thinking…");
+    } else if (type === "conversation.item.input_audio_transcription.completed") {
+      const li = this.users.get(event.item_id) || this.message("user", event.item_id);
+      $(li, "p").textContent = event.transcript;
+      li.dataset.state = "done";
+    } else if (type === "conversation.item.input_audio_transcription.failed") {
+      const li = this.users.get(event.item_id);
+      if (li) li.dataset.state = "failed";
+      this.showError(new ApiError(event.error.message, event.error.param));
+    } else if (type === "response.created") {
+      this.responding = true;
+      const li = this.message("assistant", event.response.id);
+      this.player = new StreamPlayer((samples) => this.played(samples));
+      this.answers.set(event.response.id, { li, text: "", player: this.player });
+      this.setStatus("answering", "answering…");
+    } else if (type === "response.output_audio_transcript.delta" || type === "response.output_text.delta") {
+      const answer = this.answers.get(event.response_id);
+      answer.text += event.delta;
+      $(answer.li, "p").textContent = answer.text;
+    } else if (type === "response.output_audio.delta") {
+      this.answers.get(event.response_id).player.push(base64Bytes(event.delta), LIVE_RATE);
+    } else if (type === "response.done") {
+      this.responding = false;
+      const { status, status_details: details } = event.response;
+      const answer = this.answers.get(event.response.id);
+      if (answer) answer.li.dataset.state = status;
+      if (status === "failed" && details && details.error) this.showError(new ApiError(details.error.message));
+      this.setStatus("listening", "listening: speak, then pause");
+    } else if (type === "error") {
+      this.showError(new ApiError(event.error.message, event.error.param));
+    }
+  }
+
+  played(samples) {
+    this.root.dataset.samplesPlayed = String(Number(this.root.dataset.samplesPlayed || 0) + samples);
+  }
+
+  showError(error) {
+    showError(this.root, "start", error);
+  }
+
+  /** The stop button: cancels the answer being made, silences it, and closes the session. */
+  stop() {
+    this.closing = true;
+    if (this.responding) this.send({ type: "response.cancel" });
+    if (this.player) this.player.stop();
+    this.ws.close(1000);
+    this.release();
+  }
+
+  release() {
+    if (this.stream) for (const track of this.stream.getTracks()) track.stop();
+    if (this.mic) this.mic.close();
+    this.stream = this.mic = null;
+  }
+
+  closed(event) {
+    this.release();
+    if (this.player) this.player.stop();
+    this.setStatus("closed", `closed (${event.code})`);
+    if (!this.closing && event.code !== 1000) this.showError(closedBeforeSession(event));
+    this.root.dispatchEvent(new Event("live-closed"));
+  }
+}
+
+function liveSessionConfig(root) {
+  const session = { type: "realtime", output_modalities: ["audio"], audio: { input: { turn_detection: { type: "server_vad" } } } };
+  const temperature = numberField(root, "temperature");
+  const maxTokens = numberField(root, "max_output_tokens");
+  const instructions = $(root, '[name="instructions"]').value.trim();
+  if (temperature !== undefined) session.temperature = temperature;
+  if (maxTokens !== undefined) session.max_output_tokens = maxTokens;
+  if (instructions) session.instructions = instructions;
+  return session;
+}
+
+function initLive(root) {
+  const start = $(root, 'button[name="start"]');
+  const stop = $(root, 'button[name="stop"]');
+  let live = null;
+  const idle = () => {
+    live = null;
+    start.disabled = false;
+    stop.disabled = true;
+  };
+  root.addEventListener("live-closed", idle);
+  start.addEventListener("click", async () => {
+    clearErrors(root);
+    start.disabled = true;
+    const session = new LiveSession(root, selectedModel(root).name);
+    try {
+      await session.open(liveSessionConfig(root));
+      live = session;
+      stop.disabled = false;
+    } catch (error) {
+      if (session.ws) session.stop();
+      session.setStatus("closed", "not connected");
+      showError(root, "start", error);
+      start.disabled = false;
+    }
+  });
+  stop.addEventListener("click", () => {
+    if (live) live.stop();
+    idle();
+  });
+}
+
 // ---- start -----------------------------------------------------------------------------------------
 
 function start() {
@@ -543,6 +769,7 @@ function start() {
   initSpeech(panel("speech"));
   initImages(panel("images"));
   initVideo(panel("video"));
+  initLive(panel("live"));
   loadModels();
 }
 

@@ -12,6 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from omnistage import __version__
 from omnistage.serving.context import ServerContext, get_context, is_healthy, model_health
+from omnistage.serving.routes import realtime
 from omnistage.serving.served import ServedModel
 
 router = APIRouter()
@@ -19,10 +20,14 @@ router = APIRouter()
 
 def capabilities_block(model: ServedModel, ctx: ServerContext) -> dict[str, Any]:
     """What a client needs to offer only requests the model can answer (the playground builds its panels
-    from it): its routes and output modalities, its limits under the server's caps, how it speaks."""
+    from it): its routes and output modalities, its limits under the server's caps, how it speaks. A chat
+    model that does not hear audio lists `realtime` while a served model transcribes for it."""
     caps = model.capabilities
+    routes = list(caps.routes)
+    if realtime.ROUTE not in routes and realtime.offers_sessions(ctx, model):
+        routes.append(realtime.ROUTE)
     return {
-        "routes": list(caps.routes),
+        "routes": routes,
         "modalities": list(model.modalities),
         "default_modalities": model.default_modalities(),
         "prompt": caps.prompt,

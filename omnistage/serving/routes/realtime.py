@@ -3,7 +3,8 @@
 The model is chosen when connecting (`?model=`, the official client's way; default: the first served model
 that can answer in speech). The API key is checked on the handshake; a server at its bound of concurrent
 sessions (`--max-realtime-sessions`) accepts the socket only to say so in an `error` event and close it
-(1013, try again later), so a client sees why.
+(1013, try again later), so a client sees why. A browser, which cannot set headers on a WebSocket, sends the
+key as the subprotocol `openai-insecure-api-key.<key>` beside `realtime`, the subprotocol the server accepts.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from omnistage.serving.served import ServedModel
 logger = logging.getLogger(__name__)
 router = APIRouter()
 PATH = "/v1/realtime"
+ROUTE = "realtime"  # the route /v1/models lists for a model a session can be opened on
 TRY_AGAIN_LATER = 1013
 
 
@@ -44,14 +46,28 @@ def _sessions(websocket: WebSocket, ctx: ServerContext) -> Sessions:
 def session_model(ctx: ServerContext, name: str | None) -> ServedModel:
     """The model a session talks to: one that serves chat; one that does not hear audio needs a served
     transcription model."""
-    model = ctx.models.get(name, route=PATH, serves="chat")
+    model = ctx.models.get(name, produces=("text",), route=PATH, serves="chat")
     if not model.capabilities.serves(HEARS_AUDIO):
         transcription.transcriber(ctx, None)
     return model
 
 
+def offers_sessions(ctx: ServerContext, model: ServedModel) -> bool:
+    """Whether a session can be opened on `model`: it hears audio, or a served model transcribes for it."""
+    try:
+        session_model(ctx, model.name)
+    except OmniError:
+        return False
+    return True
+
+
+def _subprotocol(websocket: WebSocket) -> str | None:
+    """`realtime` when the client offered it (a browser must get one of its offered subprotocols back)."""
+    return ROUTE if ROUTE in websocket.scope.get("subprotocols", []) else None
+
+
 async def _refuse(websocket: WebSocket, code: str, message: str, param: str | None = None) -> None:
-    await websocket.accept()
+    await websocket.accept(_subprotocol(websocket))
     error = {"type": "invalid_request_error", "code": code, "message": message, "param": param}
     await websocket.send_json({"type": "error", "event_id": new_id("event"), "error": error})
     await websocket.close(TRY_AGAIN_LATER if code == "session_limit_reached" else 1008)
@@ -75,7 +91,7 @@ async def realtime(websocket: WebSocket) -> None:
         return
     sessions.open += 1
     try:
-        await websocket.accept()
+        await websocket.accept(_subprotocol(websocket))
         await RealtimeSession(websocket, ctx, model).run()
     except WebSocketDisconnect:
         logger.info("realtime session: client disconnected")

@@ -281,11 +281,18 @@ def _succeeded(task: asyncio.Future) -> bool:
     return task.done() and not task.cancelled() and task.exception() is None
 
 
+KEY_SUBPROTOCOL = "openai-insecure-api-key."  # a browser cannot set headers on a WebSocket: the OpenAI way
+
+
 def _authorized(websocket: WebSocket, key: str | None) -> bool:
+    """The key as a bearer token, or (from a browser) as the subprotocol `openai-insecure-api-key.<key>`."""
     if key is None:
         return True
     scheme, _, token = websocket.headers.get("authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+    tokens = [token.strip()] if scheme.lower() == "bearer" else []
+    protocols = websocket.scope.get("subprotocols", [])
+    tokens += [p.removeprefix(KEY_SUBPROTOCOL) for p in protocols if p.startswith(KEY_SUBPROTOCOL)]
+    return any(hmac.compare_digest(t.encode(), key.encode()) for t in tokens)
 
 
 @router.websocket(PATH)
