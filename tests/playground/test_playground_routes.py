@@ -7,6 +7,7 @@ import re
 
 import pytest
 from fastapi.testclient import TestClient
+from starlette.websockets import WebSocketDisconnect
 
 from omnistage.cli import build_parser
 from omnistage.serving.app import create_app
@@ -16,6 +17,7 @@ from omnistage.serving.settings import ServerSettings
 
 pytestmark = pytest.mark.unit
 KEY = "sekret"
+KEY_PROTOCOL = f"openai-insecure-api-key.{KEY}"  # how a browser's WebSocket carries the key
 
 
 def app_client(tmp_path, **settings) -> TestClient:
@@ -54,3 +56,22 @@ def test_the_page_references_only_its_own_server():
     for name in ("index.html", "app.js", "style.css"):
         text = (STATIC_DIR / name).read_text()
         assert not re.search(r"https?://|//[a-z0-9.-]+\.[a-z]{2,}/|@import", text), name
+
+
+@pytest.mark.parametrize(
+    ("protocols", "accepted"),
+    [(["realtime", KEY_PROTOCOL], "realtime"), ([KEY_PROTOCOL], None)],
+)
+def test_the_live_panels_socket_carries_the_key_as_a_subprotocol(tmp_path, protocols, accepted):
+    """A browser cannot set headers on a WebSocket: the page sends the key as OpenAI's subprotocol, and the
+    server answers with `realtime`, the subprotocol a browser must get back among those it offered."""
+    client = app_client(tmp_path, api_key=KEY)
+    url = "/v1/realtime?model=nope"
+    with client.websocket_connect(url, subprotocols=protocols) as ws:
+        assert ws.accepted_subprotocol == accepted
+        event = ws.receive_json()  # past the key: the next check is the model's
+        assert event["type"] == "error" and "`nope` does not exist" in event["error"]["message"]
+    for wrong in (["realtime", "openai-insecure-api-key.wrong"], ["realtime", KEY], ["realtime"]):
+        with pytest.raises(WebSocketDisconnect) as closed, client.websocket_connect(url, subprotocols=wrong):
+            pass
+        assert closed.value.code == 1008
