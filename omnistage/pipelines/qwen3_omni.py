@@ -1,9 +1,9 @@
 """Qwen3-Omni: MoE thinker (AR) → MoE talker + code predictor (AR) → code2wav (generation).
 
-- Stage 0, thinker: the real processor turns text and audio into token ids, merged embeddings and
-  interleaved multimodal RoPE positions (models/qwen3_omni/thinker.py); it answers in text and, for a
-  prompt with audio, returns its hidden layer `accept_hidden_layer` (the talker projects the audio
-  positions from it; a text prompt needs none).
+- Stage 0, thinker: the real processor turns text, audio, images and videos into token ids, merged
+  embeddings, interleaved multimodal RoPE positions and DeepStack vision features
+  (models/qwen3_omni/thinker.py); it answers in text and, for a prompt with media, returns its hidden
+  layer `accept_hidden_layer` (the talker projects the media positions from it; a text prompt needs none).
 - Stage 1, talker: its prompt is cut out of the thinker's prompt and reply exactly as
   `Qwen3OmniMoeForConditionalGeneration.generate` does (models/qwen3_omni/talker.py); each step samples
   codebook 0, the post-sample hook runs the code predictor for the other 15 (one frame per step) and the
@@ -85,7 +85,7 @@ def _talker_request(ctx: StageInputContext, finished: bool) -> StageRequest:
         thinker.token_ids,
         thinker.hidden(layer),
         speaker_of(ctx.prompt),
-        thinker.data.get("audio_feature_lengths"),
+        thinker.data.get("talker_rope"),
         finished=finished,
     )
     return StageRequest(ctx.request_id, prompt=ids, params=ctx.params, inputs=inputs)

@@ -27,8 +27,18 @@ FRAMES = 24
 def _prompts() -> dict[str, object]:
     rng = np.random.default_rng(0)
     audio = (rng.standard_normal(16000) * 0.1).astype(np.float32)
+    image = rng.integers(0, 255, (64, 96, 3), dtype=np.uint8)
     return {
         "text": "Hello there",
+        "image": {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "image", "image": image}, {"type": "text", "text": "What?"}],
+                }
+            ],
+            "speaker": "Aiden",
+        },
         "audio": {
             "messages": [
                 {

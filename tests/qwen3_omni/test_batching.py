@@ -44,10 +44,12 @@ def run_staggered(engine, requests) -> dict[str, StageResult]:
 def test_greedy_batched_equals_reference(engines, references, thinker_results):
     talker = engines[1]
     params = SamplingParams(temperature=0.0, max_tokens=FRAMES, repetition_penalty=1.05)
-    requests = [talker_request(talker, f"g{i}", NAMES[i % 2], params, thinker_results) for i in range(8)]
+    requests = [
+        talker_request(talker, f"g{i}", NAMES[i % len(NAMES)], params, thinker_results) for i in range(8)
+    ]
     results = run_staggered(talker, requests)
     for i in range(8):
-        assert torch.equal(results[f"g{i}"].codes, references[NAMES[i % 2]].codes), i
+        assert torch.equal(results[f"g{i}"].codes, references[NAMES[i % len(NAMES)]].codes), i
 
 
 def test_seeded_batched_equals_solo(engines, thinker_results):

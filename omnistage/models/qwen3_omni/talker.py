@@ -77,11 +77,12 @@ def talker_prompt(
     generated: list[int],
     hidden: torch.Tensor | None,
     speaker: str,
-    audio_feature_lengths: list[int] | None = None,
+    rope: dict[str, Any] | None = None,
     finished: bool = True,
 ) -> tuple[list[int], dict[str, Any]]:
     """(placeholder prompt ids, `StageRequest.inputs`). `hidden`: the thinker's `accept_hidden_layer` rows
-    (needed only when the prompt has audio/image/video placeholders)."""
+    (needed only when the prompt has audio/image/video placeholders); `rope`: the multimodal RoPE inputs
+    (audio feature lengths, image/video grids) the thinker passed on."""
     talker, config = loaded.talker, loaded.omni_config
     cfg = talker.config
     if len(generated) < 2:
@@ -117,16 +118,17 @@ def talker_prompt(
         "tts_pad_embed": pad,
     }
     n = inputs["inputs_embeds"].shape[0]
-    if audio_feature_lengths:
+    rope = {k: torch.tensor(v, device=device) for k, v in (rope or {}).items() if v is not None}
+    if rope:  # as the reference: multimodal positions only when the request has audio or vision inputs
         talker_ids = torch.tensor([user_ids + [config.tts_pad_token_id] * assistant.shape[0]], device=device)
         positions, delta = talker.get_rope_index(
             talker_ids,
-            None,
-            None,
+            rope.get("image_grid_thw"),
+            rope.get("video_grid_thw"),
             torch.ones_like(talker_ids),
             False,
-            torch.tensor(audio_feature_lengths, device=device),
-            None,
+            rope.get("audio_feature_lengths"),
+            rope.get("video_second_per_grid"),
         )
         inputs["position_ids"] = positions[:, 0].cpu()
         inputs["rope_delta"] = int(delta.reshape(-1)[0])

@@ -99,6 +99,7 @@ class ModelRunner:
             kwargs[CROSS_KWARG] = CrossBatch(
                 [item.seq.cross_kv for item in batch], offsets, [item.num_tokens for item in batch]
             )
+        kwargs.update(_deepstack_kwargs(batch, offsets, len(token_ids), self.device))
         if layers:
             kwargs.update(_layer_kwargs(self.decoder, layers))
         out = self.decoder(
@@ -166,6 +167,37 @@ class ModelRunner:
     def restore(self, kv: KVStorage) -> None:
         self.model.root.to(self.device)
         self.kv = kv
+
+
+def _deepstack_kwargs(
+    batch: list[ScheduledSeq], offsets: list[int], total: int, device: torch.device
+) -> dict[str, Any]:
+    """DeepStack (Qwen3-VL-style vision): some prompt rows get a residual added to their hidden states after
+    each of the decoder's first K layers. A request carries them as inputs `deepstack_embeds` [K, L, H] and
+    `deepstack_mask` [L] (bool: the prompt positions they belong to); the decoder takes the step's rows as
+    transformers' `visual_pos_masks` [1, T] and `deepstack_visual_embeds` (K tensors [rows, H])."""
+    parts = []
+    for item, offset in zip(batch, offsets, strict=True):
+        inputs = item.seq.request.inputs
+        if "deepstack_embeds" not in inputs:
+            continue
+        end = min(item.start + item.num_tokens, item.seq.num_prompt_tokens)
+        if end > item.start:
+            parts.append(
+                (offset, inputs["deepstack_mask"][item.start : end], inputs["deepstack_embeds"], item.start)
+            )
+    if not parts:
+        return {}
+    mask = torch.zeros(total, dtype=torch.bool)
+    rows: list[list[torch.Tensor]] = []
+    for offset, chunk_mask, embeds, start in parts:
+        mask[offset : offset + chunk_mask.shape[0]] = chunk_mask
+        picked = embeds[:, start : start + chunk_mask.shape[0]][:, chunk_mask]
+        rows.append(list(picked))
+    if not mask.any():
+        return {}
+    layers = [torch.cat([r[k] for r in rows]).to(device) for k in range(len(rows[0]))]
+    return {"visual_pos_masks": mask[None].to(device), "deepstack_visual_embeds": layers}
 
 
 def _layer_kwargs(decoder: Any, layers: tuple[int, ...]) -> dict[str, Any]:
