@@ -1,6 +1,6 @@
-"""A local two-node Ray cluster for the whole directory: node "a" and node "b" carry different custom
-resources (so a deploy entry can pin a stage to one), and each carries one `voc` (so two replicas that ask
-for one each land on different nodes)."""
+"""A local two-node Ray cluster per test module, gone before the rest of the suite runs. Node "a" and
+node "b" carry different custom resources, so a deploy entry can pin a stage to one. Each carries one
+`voc`, so two replicas that ask for one each land on different nodes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ ray = pytest.importorskip("ray", reason="placement ray needs the ray extra: pip 
 STAGE_CPUS = 0.5  # four actors fit on the two nodes' two CPUs each
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster():
     from ray.cluster_utils import Cluster
 

@@ -1,6 +1,7 @@
-"""Placement ray on a local two-node cluster, with the toy speech pipeline: stages pinned to nodes, the
-TCP connector on both edges, two vocoder replicas (one per node) sharing bursts, abort, a killed actor, a
-restarted replica, and nothing left after shutdown."""
+"""Placement ray on a local two-node cluster (one per module). The toy speech pipeline: stages pinned to
+nodes, the TCP connector on both edges, two vocoder replicas (one per node) sharing bursts, abort, sleep and
+wake, a killed actor, a restarted replica, nothing left after shutdown. Tiny Qwen2.5-Omni with its stages as
+actors on both nodes: equal to process placement (same worker, same threads: the same numbers)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ import pytest
 import torch
 
 from omnistage import AsyncOmni, SamplingParams
+from omnistage.demo.qwen2_5_omni import qwen2_5_omni_dir
 from omnistage.errors import StageDeadError, StageError
 from omnistage.serving.app import create_app
+from tests.omni.conftest import PROMPTS as OMNI_PROMPTS
+from tests.omni.conftest import greedy_params as omni_params
 from tests.polling import wait_until, wait_until_async
 from tests.ray.conftest import actor_states, pinned_overrides, ray
 from tests.runtime.toy_stages import open_gate, speech_pipeline
@@ -183,3 +187,26 @@ def test_an_actor_no_node_can_host_is_named_at_start_up(ray_cluster):
     with pytest.raises(StageError, match=waiting):
         AsyncOmni(speech_pipeline(), deploy, startup_timeout=3)
     wait_until(lambda: {"ALIVE", "PENDING_CREATION"}.isdisjoint(actor_states()), 60, "no actor left")
+
+
+async def omni_final(omni, prompt):
+    outs = [out async for out in omni.generate(prompt, omni_params())]
+    assert sum(o.finished for o in outs) == 1
+    return outs[-1], [o for o in outs if o.delta_audio is not None and o.delta_audio.numel()]
+
+
+async def test_qwen2_5_omni_on_two_nodes_equals_process_placement(ray_cluster):
+    model = str(qwen2_5_omni_dir("tiny"))
+    one_code2wav = {"2": {"replicas": 1}}  # one request: a second replica would only cost its start
+    overrides = pinned_overrides(1)
+    overrides["2"]["resources"] = {"node_a": 1}  # code2wav beside the thinker, whoever holds the `voc`s
+    async with AsyncOmni(model, stage_overrides=overrides, startup_timeout=300) as omni:
+        nodes = [r["node"]["node_id"] for s in omni.health()["stages"] for r in s["replicas"]]
+        assert nodes[0] != nodes[1]  # thinker and talker on different nodes
+        on_ray, ray_chunks = await omni_final(omni, OMNI_PROMPTS["text"])
+    async with AsyncOmni(model, stage_overrides=one_code2wav) as omni:
+        on_processes, _ = await omni_final(omni, OMNI_PROMPTS["text"])
+    assert on_ray.error is None and on_processes.error is None
+    assert on_ray.token_ids == on_processes.token_ids and len(on_ray.token_ids) > 0
+    assert len(ray_chunks) >= 2  # async chunk: the audio streamed across nodes
+    assert torch.equal(on_ray.audio, on_processes.audio)
