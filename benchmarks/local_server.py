@@ -15,10 +15,13 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 
 
-def start_server(model: str, port: int, extra: list[str], timeout_s: float = 600) -> subprocess.Popen:
-    """`omnistage serve MODEL --port PORT EXTRA...`, returned once `/health` answers 200."""
+def start_server(
+    model: str | list[str], port: int, extra: list[str], timeout_s: float = 600
+) -> subprocess.Popen:
+    """`omnistage serve MODEL... --port PORT EXTRA...`, returned once `/health` answers 200."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMNISTAGE_LOG_LEVEL": "WARNING"}
-    command = [sys.executable, "-m", "omnistage", "serve", model, "--port", str(port), *extra]
+    models = [model] if isinstance(model, str) else list(model)
+    command = [sys.executable, "-m", "omnistage", "serve", *models, "--port", str(port), *extra]
     proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
