@@ -100,7 +100,7 @@ def microphone(http: httpx.Client, tmp_path_factory: pytest.TempPathFactory) -> 
     response = http.post("/v1/audio/speech", json=body)
     assert response.status_code == 200, response.text
     speech, rate = soundfile.read(io.BytesIO(response.content), dtype="int16")
-    lead, tail = np.zeros(rate // 2, np.int16), np.zeros(3 * rate // 2, np.int16)
+    lead, tail = np.zeros(rate // 4, np.int16), np.zeros(6 * rate // 5, np.int16)
     path = tmp_path_factory.mktemp("microphone") / "question.wav"
     soundfile.write(path, np.concatenate([lead, speech, tail]), rate, subtype="PCM_16")
     return path

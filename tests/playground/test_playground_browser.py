@@ -28,6 +28,7 @@ VOICE_MODEL = "hibari-en"
 SHAPES_MODEL = "wan-shapes"
 WHISPER_MODEL = "whisper-tiny.en"
 WAIT_S = 120
+ANSWER_TOKENS = 8  # the live voice answer's
 # Which panel each model's capabilities (`/v1/models` "omnistage" block) allow.
 OFFERS = {
     "chat": lambda caps: "chat" in caps["routes"] and "text" in caps["modalities"],
@@ -92,6 +93,10 @@ def fill(root, name: str, value) -> None:
 
 def error_beside(root, param: str) -> str:
     return root.find_element(By.CSS_SELECTOR, f'.field[data-param="{param}"] .error').text
+
+
+def error_beside_button(root, button: str) -> str:
+    return root.find_element(By.CSS_SELECTOR, f'.error[data-for="{button}"]').text
 
 
 def api_error(response) -> str:
@@ -299,7 +304,13 @@ def test_live_voice_hears_the_microphone_answers_and_speaks(browser, server, htt
     open_playground(browser, server.url)
     root = show(browser, "live")
     fill(root, "temperature", 0)
-    fill(root, "max_output_tokens", 16)
+    fill(root, "max_output_tokens", ANSWER_TOKENS)
+    # A wrong key: the server refuses the socket and the page says so beside the button.
+    script(browser, "sessionStorage.setItem('omnistage.apiKey', 'wrong');")
+    root.find_element(By.NAME, "start").click()
+    refused = wait_until(lambda: error_beside_button(root, "start"), WAIT_S, "the refusal")
+    assert refused == "the server refused the session (1006): check the API key"  # a refused handshake
+    script(browser, "sessionStorage.setItem('omnistage.apiKey', arguments[0]);", API_KEY)
     root.find_element(By.NAME, "start").click()  # the microphone (the question's WAV) starts now
     heard_turn = "document.querySelector('#panel-live .msg.user[data-state=\"done\"]')"
     wait_for(browser, heard_turn, "the transcript")
@@ -314,7 +325,7 @@ def test_live_voice_hears_the_microphone_answers_and_speaks(browser, server, htt
     assert transcript and root.find_element(By.CSS_SELECTOR, ".msg.user p").text == transcript.strip()
     # The answer is the chat model's greedy answer to that transcript, and its audio played out.
     messages = [{"role": "user", "content": transcript}]
-    body = {"model": CHAT_MODEL, "messages": messages, "temperature": 0, "max_tokens": 16}
+    body = {"model": CHAT_MODEL, "messages": messages, "temperature": 0, "max_tokens": ANSWER_TOKENS}
     chat = http.post("/v1/chat/completions", json={**body, "modalities": ["text"]}).json()
     expected = chat["choices"][0]["message"]["content"]
     assert expected and answer.find_element(By.TAG_NAME, "p").text == expected.strip()

@@ -558,9 +558,12 @@ function pcm16Base64(floats) {
   return btoa(binary);
 }
 
-/** Why the socket closed before a session opened: the server closes 1008 for a missing or wrong key. */
+/** Why the socket closed before a session opened. A missing or wrong key is refused on the handshake,
+ * which a browser reports only as 1006 (abnormal closure); an accepted socket closed 1008 is a policy refusal. */
 function closedBeforeSession(event) {
-  if (event.code === 1008) return new ApiError("the server refused the session (1008): check the API key", "api_key");
+  if (event.code === 1006 || event.code === 1008) {
+    return new ApiError(`the server refused the session (${event.code}): check the API key`, "api_key");
+  }
   return new ApiError(`the server closed the connection (${event.code}${event.reason ? `: ${event.reason}` : ""})`);
 }
 
