@@ -28,6 +28,7 @@ def _prompts() -> dict[str, object]:
     rng = np.random.default_rng(0)
     audio = (rng.standard_normal(16000) * 0.1).astype(np.float32)
     image = rng.integers(0, 255, (64, 96, 3), dtype=np.uint8)
+    video = rng.integers(0, 255, (4, 64, 96, 3), dtype=np.uint8)
     return {
         "text": "Hello there",
         "image": {
@@ -47,6 +48,14 @@ def _prompts() -> dict[str, object]:
                 }
             ],
             "speaker": "Chelsie",
+        },
+        "video": {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "video", "video": video}, {"type": "text", "text": "Go"}],
+                }
+            ]
         },
     }
 

@@ -1,6 +1,8 @@
 """The three Qwen3-Omni stages chained by hand (engines and input processors in this process, no
 orchestrator), so that every stage's output can be compared with the reference `generate`: thinker tokens,
-the talker's 16-codebook frames, and the waveform in full-handoff and async-chunk mode."""
+the talker's 16-codebook frames, and the waveform in full-handoff and async-chunk mode, for text, image,
+audio and video prompts. (The reference fails on image + audio in one prompt: its talker's get_rope_index
+reads `audio_config.n_window`, which the talker config lacks; that combination is not compared.)"""
 
 import pytest
 import torch
