@@ -5,11 +5,10 @@ waveform in full-handoff and async-chunk mode, for text, image, audio and video 
 import pytest
 
 from omnistage.config.deploy import resolve_deploy
-from omnistage.config.pipeline import load_ref
 from omnistage.outputs import StageOutput, StageResult
 from omnistage.pipelines.qwen2_5_omni import QWEN2_5_OMNI
-from omnistage.stages.base import StageInputContext, StageRequest
 from omnistage.stages.worker import create_engine
+from tests import stage_chain
 from tests.omni.conftest import PROMPTS, assert_async_audio_close, greedy_params
 
 pytestmark = pytest.mark.engine
@@ -26,48 +25,11 @@ def engines(omni_dir):
 
 
 def run_stage(stage_id, engine, prompt, params, results, deltas=None) -> StageResult:
-    """Full handoff: the stage's request built from its finished upstream results, run to the end (its
-    outputs also appended to `deltas`, when given)."""
-    spec = QWEN2_5_OMNI.stage(stage_id)
-    upstream = {i: results[i] for i in spec.inputs}
-    ctx = StageInputContext("req", prompt, params, upstream, spec, engine.input_resources())
-    engine.add_request(load_ref(spec.input_processor)(ctx))
-    result = StageResult(stage_id=stage_id)
-    while engine.has_work():
-        for out in engine.step():
-            assert out.error is None, out.error
-            result.add(out)
-            if deltas is not None:
-                deltas.append(out)
-    assert result.finished and engine.stats()["num_requests"] == 0
-    return result
+    return stage_chain.run_stage(QWEN2_5_OMNI, stage_id, engine, prompt, params, results, deltas)
 
 
 def stream_stage(stage_id, engine, prompt, params, chunks: list[StageOutput]) -> tuple[StageResult, int]:
-    """Async-chunk handoff as the worker does it: the upstream deltas arrive one at a time through the
-    stage's chunk processor, and the engine runs whenever it can. Also returns how many outputs the stage
-    had produced before its last input arrived."""
-    spec = QWEN2_5_OMNI.stage(stage_id)
-    source = spec.inputs[0]
-    resources = engine.input_resources()
-    ctx = StageInputContext("req", prompt, params, {source: StageResult(stage_id=source)}, spec, resources)
-    result, early = StageResult(stage_id=stage_id), 0
-    for i, chunk in enumerate(chunks):
-        last = i == len(chunks) - 1
-        ctx.upstream[source].add(chunk)
-        made = spec.chunk_processor(ctx, chunk, last)
-        if isinstance(made, StageRequest):
-            made.streaming_input = not last
-            engine.add_request(made)
-        elif made is not None or last:
-            engine.add_chunk("req", made or {}, last)
-        while engine.has_work():
-            for out in engine.step():
-                assert out.error is None, out.error
-                result.add(out)
-                early += not last
-    assert result.finished and engine.stats()["num_requests"] == 0
-    return result, early
+    return stage_chain.stream_stage(QWEN2_5_OMNI, stage_id, engine, prompt, params, chunks)
 
 
 def code_chunks(codes: list[int]) -> list[StageOutput]:

@@ -9,12 +9,11 @@ import torch
 
 from omnistage import SamplingParams
 from omnistage.config.deploy import resolve_deploy
-from omnistage.config.pipeline import load_ref
 from omnistage.models.qwen3_omni.checkpoint import qwen3_omni_dir
 from omnistage.outputs import StageOutput, StageResult
 from omnistage.pipelines.qwen3_omni import QWEN3_OMNI
-from omnistage.stages.base import StageInputContext, StageRequest
 from omnistage.stages.worker import create_engine
+from tests import stage_chain
 from tests.qwen3_omni.reference import load_reference_model, run_reference
 
 THINKER_TOKENS = 10
@@ -120,47 +119,11 @@ def engines(omni3_dir):
 
 
 def run_stage(stage_id, engine, prompt, params, results, deltas=None) -> StageResult:
-    """Full handoff: the stage's request built from its finished upstream results, run to the end."""
-    spec = QWEN3_OMNI.stage(stage_id)
-    upstream = {i: results[i] for i in spec.inputs}
-    ctx = StageInputContext("req", prompt, params, upstream, spec, engine.input_resources())
-    engine.add_request(load_ref(spec.input_processor)(ctx))
-    result = StageResult(stage_id=stage_id)
-    while engine.has_work():
-        for out in engine.step():
-            assert out.error is None, out.error
-            result.add(out)
-            if deltas is not None:
-                deltas.append(out)
-    assert result.finished and engine.stats()["num_requests"] == 0
-    return result
+    return stage_chain.run_stage(QWEN3_OMNI, stage_id, engine, prompt, params, results, deltas)
 
 
 def stream_stage(stage_id, engine, prompt, params, chunks: list[StageOutput]) -> tuple[StageResult, int]:
-    """Async-chunk handoff as the worker does it: upstream deltas arrive one at a time through the chunk
-    processor and the engine runs whenever it can. Also returns the outputs made before the last input."""
-    spec = QWEN3_OMNI.stage(stage_id)
-    source = spec.inputs[0]
-    ctx = StageInputContext(
-        "req", prompt, params, {source: StageResult(stage_id=source)}, spec, engine.input_resources()
-    )
-    result, early = StageResult(stage_id=stage_id), 0
-    for i, chunk in enumerate(chunks):
-        last = i == len(chunks) - 1
-        ctx.upstream[source].add(chunk)
-        made = spec.chunk_processor(ctx, chunk, last)
-        if isinstance(made, StageRequest):
-            made.streaming_input = not last
-            engine.add_request(made)
-        elif made is not None or last:
-            engine.add_chunk("req", made or {}, last)
-        while engine.has_work():
-            for out in engine.step():
-                assert out.error is None, out.error
-                result.add(out)
-                early += not last
-    assert result.finished and engine.stats()["num_requests"] == 0
-    return result, early
+    return stage_chain.stream_stage(QWEN3_OMNI, stage_id, engine, prompt, params, chunks)
 
 
 def frame_chunks(codes: torch.Tensor) -> list[StageOutput]:
