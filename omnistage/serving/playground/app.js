@@ -662,10 +662,12 @@ class LiveSession {
       this.setStatus("answering", "answering…");
     } else if (type === "response.output_audio_transcript.delta" || type === "response.output_text.delta") {
       const answer = this.answers.get(event.response_id);
+      if (!answer) return;
       answer.text += event.delta;
       $(answer.li, "p").textContent = answer.text;
     } else if (type === "response.output_audio.delta") {
-      this.answers.get(event.response_id).player.push(base64Bytes(event.delta), LIVE_RATE);
+      const answer = this.answers.get(event.response_id);
+      if (answer) answer.player.push(base64Bytes(event.delta), LIVE_RATE);
     } else if (type === "response.done") {
       this.responding = false;
       const { status, status_details: details } = event.response;
