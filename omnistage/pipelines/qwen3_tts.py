@@ -7,13 +7,15 @@ frames as they come, in full handoff once the talker is done, exactly as the ref
 
 Tasks follow the checkpoint's `tts_model_type`: CustomVoice (`custom_voice`: a preset `voice`, optional
 `instructions`), VoiceDesign (`voice_design`: `instructions` required, no preset voice), Base (`base`:
-voice cloning from an uploaded voice, x-vector-only: the clip's speaker embedding in the preset speaker's
-place). In-context cloning (the clip's codes and transcript in the prompt) is not served yet: a Base
-request that would need it (`ref_text` without `x_vector_only_mode`) answers 400 saying so. A request
-that does not fit the checkpoint's task answers 400 naming the task the checkpoint serves.
+voice cloning from an uploaded voice: the clip's speaker embedding in the preset speaker's place, and when
+the voice has a transcript (`ref_text`) and the request does not ask `x_vector_only_mode`, in-context: the
+clip's codes and transcript in the prompt, the clip's codes decoded before the new ones as context only).
+A request that does not fit the checkpoint's task answers 400 naming the task the checkpoint serves.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -29,7 +31,8 @@ ARCHITECTURE = "Qwen3TTSForConditionalGeneration"
 TASKS = {"custom_voice": "CustomVoice", "voice_design": "VoiceDesign", "base": "Base"}
 CODEC_EOS, CODEBOOK = 2150, 2048
 # The reference generate's defaults (generation_config.json): sampled, repetition penalty 1.05 on the
-# generated codes, codes 2048.. suppressed but EOS, at least 2 frames. The code predictor is greedy.
+# generated codes, codes 2048.. suppressed but EOS, at least 2 frames. The code predictor samples with the
+# checkpoint's `subtalker_*` settings (greedy when the talker is).
 TALKER_DEFAULTS = {
     "temperature": 0.9,
     "top_k": 50,
@@ -50,6 +53,10 @@ def speech_input(ctx: StageInputContext) -> StageRequest:
     text = str(prompt.get("input") or "")
     if not text.strip():
         raise InvalidRequestError("input: Input text cannot be empty", param="input")
+    first = prompt.get("initial_codec_chunk_frames")
+    if first is not None and (isinstance(first, bool) or not isinstance(first, int) or first < 0):
+        field = "initial_codec_chunk_frames"
+        raise InvalidRequestError(f"{field}: must be an integer >= 0, got {first!r}", param=field)
     task = loaded.tts_config.get("tts_model_type")
     speaker, instructions = prompt.get("speaker"), prompt.get("instructions")
     cloned = prompt.get("uploaded_voice")
@@ -59,9 +66,13 @@ def speech_input(ctx: StageInputContext) -> StageRequest:
             + (": it clones an uploaded voice" if task == "base" else "; it cannot clone an uploaded voice"),
             param="voice",
         )
-    speaker_embed = None
+    speaker_embed = ref_codes = ref_ids = None
     if cloned is not None:  # the reference's voice clone takes no instructions
-        speaker, instructions, speaker_embed = None, None, _x_vector(loaded, cloned, prompt)
+        speaker, instructions = None, None
+        speaker_embed, ref_codes = _voice_features(loaded, cloned, prompt)
+        if ref_codes is not None:
+            ref_text = f"<|im_start|>assistant\n{cloned['ref_text']}<|im_end|>\n"
+            ref_ids = loaded.tokenizer(ref_text)["input_ids"]
     if task == "custom_voice" and not speaker:
         raise InvalidRequestError(
             "voice: CustomVoice needs a voice (one of the model's speakers)", param="voice"
@@ -79,15 +90,44 @@ def speech_input(ctx: StageInputContext) -> StageRequest:
     # The reference's defaults: the whole text in the prompt, except Base, which reads a token a frame.
     non_streaming = task != "base"
     ids, inputs = talker_prompt(
-        loaded, input_ids, instruct_ids, language, speaker, non_streaming, speaker_embed=speaker_embed
-    )
-    text_tokens = len(input_ids) + len(instruct_ids or [])
-    counts = TokenCounts(input_text_tokens=text_tokens)
+        loaded, input_ids, instruct_ids, language, speaker, non_streaming, speaker_embed=speaker_embed,
+        ref_ids=ref_ids, ref_codes=ref_codes,
+    )  # fmt: skip
+    text_tokens = len(input_ids) + len(instruct_ids or []) + len(ref_ids or [])
+    inputs["subtalker"] = _subtalker(loaded, ctx.params)
+    audio_tokens = len(ref_codes) if ref_codes is not None else 0  # the clip's frames, in context
+    counts = TokenCounts(input_text_tokens=text_tokens, input_audio_tokens=audio_tokens)
     return StageRequest(ctx.request_id, prompt=ids, params=ctx.params, inputs=inputs, token_counts=counts)
 
 
-def _x_vector(loaded: object, voice: dict, prompt: dict) -> torch.Tensor:
-    """An uploaded voice's x-vector, computed once per voice file and kept on the loaded model."""
+def _subtalker(loaded: object, params: object) -> dict[str, Any] | None:
+    """The code predictor's sampling (the reference's `subtalker_*`, from the checkpoint's generation
+    config): none when the talker is greedy, else seeded by the request's seed (or a fresh one), so a
+    seeded request's 16 codebooks repeat exactly, alone or batched."""
+    import random
+
+    temperature = getattr(params, "temperature", None)
+    gen = loaded.generation_config
+    if temperature == 0.0 or not gen.get("subtalker_dosample", False):
+        return None
+    seed = getattr(params, "seed", None)
+    return {
+        "do_sample": True,
+        "temperature": float(gen.get("subtalker_temperature", 0.9)),
+        "top_k": int(gen.get("subtalker_top_k", 50)),
+        "top_p": float(gen.get("subtalker_top_p", 1.0)),
+        "seed": int(seed) if seed is not None else random.getrandbits(62),
+    }
+
+
+def _in_context(voice: dict | None, prompt: dict) -> bool:
+    """Base clones in context when the voice has a transcript, unless the request asks x-vector-only."""
+    return voice is not None and bool(voice.get("ref_text")) and not prompt.get("x_vector_only_mode", False)
+
+
+def _voice_entry(owner: object, voice: dict) -> dict:
+    """An uploaded voice's features, kept on `owner` (a stage's loaded model) per voice file (path, mtime,
+    size): its 24 kHz clip first, then whatever the stage derives from it."""
     import os
 
     import numpy as np
@@ -95,13 +135,7 @@ def _x_vector(loaded: object, voice: dict, prompt: dict) -> torch.Tensor:
     from omnistage.media import decode_audio
     from omnistage.models.qwen3_tts.speaker import SAMPLE_RATE
 
-    if voice.get("ref_text") and not prompt.get("x_vector_only_mode", True):
-        raise InvalidRequestError(
-            "x_vector_only_mode: in-context cloning (with the clip's transcript) is not served yet; set "
-            "it to true",
-            param="x_vector_only_mode",
-        )
-    cache = loaded.__dict__.setdefault("x_vectors", {})
+    cache = owner.__dict__.setdefault("voice_features", {})
     stat = os.stat(voice["path"])
     key = (voice["path"], stat.st_mtime_ns, stat.st_size)
     if key not in cache:
@@ -112,8 +146,35 @@ def _x_vector(loaded: object, voice: dict, prompt: dict) -> torch.Tensor:
             from omnistage.serving.media import resample
 
             samples = resample(samples, rate, SAMPLE_RATE)
-        cache[key] = loaded.speaker_encoder.embed(torch.from_numpy(np.asarray(samples, dtype=np.float32)))
+        cache[key] = {"clip": torch.from_numpy(np.asarray(samples, dtype=np.float32))}
     return cache[key]
+
+
+def _voice_features(loaded: object, voice: dict, prompt: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The talker's view of an uploaded voice: (x-vector, clip codes or None for x-vector-only)."""
+    entry = _voice_entry(loaded, voice)
+    if "x_vector" not in entry:
+        entry["x_vector"] = loaded.speaker_encoder.embed(entry["clip"])
+    if not _in_context(voice, prompt):
+        return entry["x_vector"], None
+    if "codes" not in entry:
+        entry["codes"] = loaded.codec_encoder.encode(entry["clip"])
+    return entry["x_vector"], entry["codes"]
+
+
+def _clip_codes(generator: object, prompt: Any) -> torch.Tensor | None:
+    """The codec stage's view: an in-context clone's clip codes (its own encoder, loaded on first use)."""
+    voice = prompt.get("uploaded_voice") if isinstance(prompt, dict) else None
+    if not _in_context(voice, prompt):
+        return None
+    entry = _voice_entry(generator, voice)
+    if "codes" not in entry:
+        if "encoder" not in generator.__dict__:
+            from omnistage.models.qwen3_tts.encoder import load_encoder
+
+            generator.encoder = load_encoder(generator.model_dir)
+        entry["codes"] = generator.encoder.encode(entry["clip"])
+    return entry["codes"]
 
 
 def _frames(codes: torch.Tensor | None) -> torch.Tensor:
@@ -123,9 +184,22 @@ def _frames(codes: torch.Tensor | None) -> torch.Tensor:
     return codes[codes[:, 0] != CODEC_EOS]
 
 
+def _codec_request(ctx: StageInputContext, frames: torch.Tensor, streaming: bool) -> StageRequest:
+    """The codec's request: an in-context clone's clip codes go first, as context only (the reference
+    decodes clip + new codes and cuts the clip's share)."""
+    ref = _clip_codes(ctx.resources, ctx.prompt)
+    inputs = {"codes": frames}
+    if ref is not None:
+        inputs = {"codes": torch.cat([ref.to(frames.dtype), frames]), "context_frames": len(ref)}
+    first = ctx.prompt.get("initial_codec_chunk_frames") if isinstance(ctx.prompt, dict) else None
+    if first is not None:  # this request's first chunk (time to first audio), else the stage's by load
+        inputs["first_chunk_frames"] = int(first)
+    return StageRequest(ctx.request_id, params=ctx.params, inputs=inputs, streaming_input=streaming)
+
+
 def codec_input(ctx: StageInputContext) -> StageRequest:
     """Full handoff: the talker's finished frames."""
-    return StageRequest(ctx.request_id, params=ctx.params, inputs={"codes": _frames(ctx.upstream[0].codes)})
+    return _codec_request(ctx, _frames(ctx.upstream[0].codes), streaming=False)
 
 
 def codec_chunk(ctx: StageInputContext, chunk: StageOutput, last: bool) -> StageRequest | dict | None:
@@ -133,7 +207,7 @@ def codec_chunk(ctx: StageInputContext, chunk: StageOutput, last: bool) -> Stage
     frames = _frames(chunk.codes)
     if not ctx.state.get("started"):
         ctx.state["started"] = True
-        return StageRequest(ctx.request_id, params=ctx.params, inputs={"codes": frames}, streaming_input=True)
+        return _codec_request(ctx, frames, streaming=True)
     return {"codes": frames} if len(frames) or last else None
 
 

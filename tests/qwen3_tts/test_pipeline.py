@@ -6,6 +6,7 @@ fail naming them."""
 from __future__ import annotations
 
 import pytest
+import torch
 from transformers import AutoTokenizer
 
 from omnistage import Omni
@@ -16,6 +17,7 @@ from tests.qwen3_tts.test_talker import MAX_NEW, talker_params
 pytestmark = pytest.mark.engine
 
 INLINE = "omnistage/pipelines/deploy/qwen3_tts_inline.yaml"
+FIRST = "initial_codec_chunk_frames"
 
 
 def wrapped(tokenizer, text: str, instructions: str | None) -> dict:
@@ -66,6 +68,7 @@ def test_bad_fields_fail_naming_them() -> None:
             ({"input": "Hi"}, "voice"),
             ({"input": "Hi", "speaker": "ryan", "language": "Klingon"}, "language"),
             ({"input": "   ", "speaker": "ryan"}, "input"),
+            ({"input": "Hi", "speaker": "ryan", FIRST: -1}, FIRST),
         ]
         outs = omni.generate(
             [{"task": "speech", **p} for p, _ in cases], [talker_params(), None], use_tqdm=False
@@ -109,3 +112,43 @@ def test_base_clones_an_uploaded_voice_as_the_reference(tmp_path) -> None:
         prompt = {"task": "speech", "input": text, "speaker": "mine", "uploaded_voice": voice}
         bad = omni.generate(prompt, [talker_params(), None], use_tqdm=False)[0]
         assert bad.error is not None and "CustomVoice" in str(bad.error)
+
+
+def test_base_clones_in_context_as_the_reference(tmp_path) -> None:
+    """Base, in context: an uploaded voice with a transcript speaks the reference's `generate_voice_clone`
+    waveform (its clip's codes decoded before the new ones, the clip's share cut) within 1e-4; asked
+    `x_vector_only_mode`, the same voice clones by x-vector only (other audio); usage counts the clip's
+    frames as audio tokens."""
+    import soundfile
+
+    from tests.qwen3_tts.reference_outputs import reference_icl
+    from tests.qwen3_tts.test_clone import clip
+
+    model_dir = tiny_dir("base")
+    samples = clip(6, 0.8)
+    path = tmp_path / "voice.wav"
+    soundfile.write(str(path), samples.numpy(), 24000, subtype="FLOAT")
+    ref_text, text = "The quick brown fox.", "Hello there, a test!"
+    voice = {"name": "mine", "path": str(path), "sample_rate": 24000, "ref_text": ref_text}
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    request = {
+        **wrapped(tok, text, None),
+        "ref_ids": tok(f"<|im_start|>assistant\n{ref_text}<|im_end|>\n")["input_ids"],
+        "language": "english",
+        "non_streaming_mode": False,
+        "max_new_tokens": MAX_NEW,
+    }
+    request.pop("instruct_ids")
+    expected = reference_icl(model_dir, [request], [samples], waveforms=True)
+    want = expected["wavs"][0]
+    with Omni(str(model_dir), INLINE) as omni:
+        prompt = {"task": "speech", "input": text, "language": "English", "uploaded_voice": voice}
+        out = omni.generate(prompt, [talker_params(), None], use_tqdm=False)[0]
+        assert out.error is None, out.error
+        audio = out.audio.reshape(-1)
+        assert audio.shape == want.shape == (len(expected["codes"][0]) * 1920,)
+        assert float((audio - want).abs().max()) <= 1e-4
+        assert out.token_counts.input_audio_tokens == len(expected["ref_codes"][0]) == 10
+        xvec = omni.generate({**prompt, "x_vector_only_mode": True}, [talker_params(), None], use_tqdm=False)
+        assert xvec[0].error is None and xvec[0].token_counts.input_audio_tokens == 0
+        assert not torch.equal(xvec[0].audio.reshape(-1)[: len(audio)], audio)

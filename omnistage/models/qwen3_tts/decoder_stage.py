@@ -42,12 +42,15 @@ class CodecGenerator:
 
 def create_engine(ctx: EngineContext) -> GenerationEngine:
     """engine_args: `chunk_frames` (25), `first_chunk_frames` (the first chunk: its audio waits for fewer
-    frames), `left_context_frames` (25, the context the reference's own chunked decode gives each chunk;
-    "exact" takes the decoder's receptive field, `CodecDecoder.context_frames`, so that chunks join into
-    the one-pass waveform), `max_chunk_frames` (300). A stage deployed with `async_chunk: false` decodes
-    each request in one pass, exactly as the reference."""
+    frames; a list such as [2, 4, 8, 16] picks one by the stage's load as each request arrives, as vLLM-Omni
+    does; a request's `initial_codec_chunk_frames` overrides it), `left_context_frames` (25, the context
+    the reference's own chunked decode gives each chunk; "exact" takes the decoder's receptive field,
+    `CodecDecoder.context_frames`, so that chunks join into the one-pass waveform), `max_chunk_frames`
+    (300). A stage deployed with `async_chunk: false` decodes each request in one pass, as the reference."""
     codec = load_codec(ctx.model_dir, torch.float32, ctx.device)
-    return codec_engine(ctx, CodecGenerator(codec), codec.context_frames())
+    generator = CodecGenerator(codec)
+    generator.model_dir = ctx.model_dir  # a Base clone's clip codes: its encoder, loaded on demand
+    return codec_engine(ctx, generator, codec.context_frames())
 
 
 def codec_engine(ctx: EngineContext, generator: Any, exact_context: int) -> GenerationEngine:
@@ -60,11 +63,14 @@ def codec_engine(ctx: EngineContext, generator: Any, exact_context: int) -> Gene
     chunk = int(args.get("chunk_frames", 25))
     left = args.get("left_context_frames", 25)
     left = exact_context if left == "exact" else int(left)
+    first = args.get("first_chunk_frames", chunk)
+    sizes = sorted(int(n) for n in first) if isinstance(first, list | tuple) else None  # chosen by load
     return GenerationEngine(
         generator,
         max_num_seqs=ctx.deploy.max_num_seqs,
         chunk_size=chunk,
         max_chunk_size=int(args.get("max_chunk_frames", 300)),
-        first_chunk_size=int(args.get("first_chunk_frames", chunk)),
+        first_chunk_size=sizes[0] if sizes else int(first),
+        first_chunk_sizes=sizes,
         left_context=left,
     )

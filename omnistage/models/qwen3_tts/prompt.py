@@ -1,6 +1,7 @@
 """The talker's prompt for one request, assembled as the reference's
-`Qwen3TTSForConditionalGeneration.generate` assembles it (CustomVoice, VoiceDesign and Base's x-vector-only
-voice clone; not yet Base's in-context prompt with the reference clip's codes).
+`Qwen3TTSForConditionalGeneration.generate` assembles it (CustomVoice, VoiceDesign, Base's x-vector-only
+voice clone, and Base's in-context clone: the clip's transcript and codes in the prompt, as its
+`generate_icl_prompt`).
 
 `input_ids` is the chat-wrapped text `<|im_start|>assistant\\n{text}<|im_end|>\\n<|im_start|>assistant\\n`
 (the first 3 and last 5 ids are the wrapper), `instruct_ids` the optional `<|im_start|>user\\n{instruct}...`.
@@ -9,6 +10,8 @@ Writing T(ids) for projected text embeddings and C(ids) for codec embeddings, th
 with the text either all in the prompt (non-streaming: T(text), T(eos) over C(pad), then T(pad) + C(bos))
 or one token per generated frame (streaming: T(text[0]) + C(bos) in the prompt, the rest + T(eos) fed with
 the frames). The rows still to feed are `inputs["trailing_text"]`, then `tts_pad_embed` for ever.
+In-context, the text part is T(ref text + text), T(eos) against C(bos), F(clip codes) (F: a frame's 16
+codebook embeddings summed), either one after the other (non-streaming) or summed row by row (streaming).
 """
 
 from __future__ import annotations
@@ -31,9 +34,13 @@ def talker_prompt(
     speaker: str | None = None,
     non_streaming: bool = True,
     speaker_embed: torch.Tensor | None = None,
+    ref_ids: list[int] | None = None,
+    ref_codes: torch.Tensor | None = None,
 ) -> tuple[list[int], dict[str, Any]]:
     """(placeholder prompt ids, `StageRequest.inputs` with inputs_embeds, trailing_text, tts_pad_embed).
-    `speaker_embed`: a cloned voice's x-vector (Base), in the preset speaker's place."""
+    `speaker_embed`: a cloned voice's x-vector (Base), in the preset speaker's place; `ref_ids` (the
+    transcript wrapped as `<|im_start|>assistant\n{ref_text}<|im_end|>\n`) and `ref_codes` ([R, 16], the
+    clip's codes): in-context cloning."""
     tts, cfg = loaded.tts_config, loaded.talker_config
     if len(input_ids) <= ROLE + TAIL:
         raise InvalidRequestError("the text to speak is empty", param="input")
@@ -57,7 +64,22 @@ def talker_prompt(
     if instruct_ids:
         rows.insert(0, loaded.text_rows(instruct_ids))
     text = input_ids[ROLE:-TAIL]
-    if non_streaming:
+    if ref_codes is not None:
+        if not ref_ids or len(ref_ids) <= ROLE + 2:
+            raise InvalidRequestError("ref_text: in-context cloning needs a transcript", param="ref_text")
+        spoken = torch.cat([loaded.text_rows(ref_ids[ROLE:-2] + text), eos[None]])
+        frames = torch.cat([loaded.codec_rows([cfg["codec_bos_id"]]), _frame_rows(loaded, ref_codes)])
+        if non_streaming:
+            rows.append(spoken + loaded.codec_rows([cfg["codec_pad_id"]] * spoken.shape[0]))
+            rows.append(frames + pad)
+            trailing = pad[None]
+        elif spoken.shape[0] > frames.shape[0]:
+            rows.append(spoken[: frames.shape[0]] + frames)
+            trailing = spoken[frames.shape[0] :]
+        else:
+            rows.append(torch.cat([spoken, pad.expand(frames.shape[0] - spoken.shape[0], -1)]) + frames)
+            trailing = pad[None]
+    elif non_streaming:
         spoken = torch.cat([loaded.text_rows(text), eos[None]])
         rows.append(spoken + loaded.codec_rows([cfg["codec_pad_id"]] * (len(text) + 1)))
         rows.append(pad[None] + loaded.codec_rows([cfg["codec_bos_id"]]))
@@ -68,6 +90,14 @@ def talker_prompt(
     embeds = torch.cat(rows)
     inputs = {"inputs_embeds": embeds, "trailing_text": trailing, "tts_pad_embed": pad}
     return [cfg["codec_pad_id"]] * embeds.shape[0], inputs
+
+
+def _frame_rows(loaded: Any, codes: torch.Tensor) -> torch.Tensor:
+    """F(codes): each [16] frame's codebook embeddings summed (the talker's for codebook 0, the code
+    predictor's for the others), as the talker is fed its own generated frames."""
+    codes = codes.to(loaded.embed.weight.device, torch.long)
+    tables = [loaded.embed, *loaded.code_predictor.model.codec_embedding]
+    return torch.stack([table(codes[:, j]) for j, table in enumerate(tables)], dim=1).sum(1)
 
 
 def _speaker_row(loaded: Any, speaker: str | None) -> torch.Tensor | None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from omnistage.stages.ar.loader import LoadedModel, load_tokenizer
 from omnistage.stages.ar.post_sample import PostSample, SampledStep
 
 WEIGHTS = "model.safetensors"
+Pick = Callable[[int, torch.Tensor], torch.Tensor]
 
 
 class TextProjection(nn.Module):
@@ -68,7 +70,9 @@ class CodePredictor(nn.Module):
             nn.Linear(talker_width, width, bias=True) if width != talker_width else nn.Identity()
         )
 
-    def forward(self, hidden: torch.Tensor, code0_embed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, hidden: torch.Tensor, code0_embed: torch.Tensor, pick: Pick | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden, code0_embed: [S, H_talker] → (codes [S, G-1], summed embeddings of codes 1.. [S, H])."""
         return residual_codes(
             self.model,
@@ -77,6 +81,7 @@ class CodePredictor(nn.Module):
             hidden,
             code0_embed,
             self.small_to_mtp_projection,
+            pick=pick,
         )
 
 
@@ -87,9 +92,11 @@ def residual_codes(
     hidden: torch.Tensor,
     code0_embed: torch.Tensor,
     project: nn.Module | None = None,
+    pick: Pick | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A code predictor's greedy frame (Qwen3-TTS and Qwen3-Omni share it): fed [talker hidden, embedding
-    of code 0] and then each code it makes, `heads[j]` gives code j+1 (a fresh KV cache per frame).
+    """A code predictor's frame (Qwen3-TTS and Qwen3-Omni share it): fed [talker hidden, embedding of code
+    0] and then each code it makes, `heads[j]` gives code j+1 (a fresh KV cache per frame); `pick(j,
+    logits [S, V]) -> codes [S]` chooses each (argmax when None: greedy).
     Returns (codes [S, G-1], the summed embeddings of codes 1.. [S, H])."""
     from transformers import DynamicCache
 
@@ -105,7 +112,8 @@ def residual_codes(
             cache=cache,
             use_cache=True,
         )
-        code = head(out.last_hidden_state[:, -1]).argmax(dim=-1)
+        logits = head(out.last_hidden_state[:, -1])
+        code = logits.argmax(dim=-1) if pick is None else pick(j, logits)
         embed = embeddings[j](code)
         codes.append(code)
         total = total + embed
@@ -122,7 +130,9 @@ class Qwen3TTSTalker(LoadedModel):
     text_projection: nn.Module | None = None
     code_predictor: CodePredictor | None = None
     speaker_encoder: nn.Module | None = None  # Base checkpoints: a reference clip's x-vector (speaker.py)
+    codec_encoder: nn.Module | None = None  # Base checkpoints: a reference clip's codes (encoder.py)
     tts_config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    generation_config: dict[str, Any] = dataclasses.field(default_factory=dict)  # subtalker_* defaults
 
     @property
     def talker_config(self) -> dict[str, Any]:
@@ -215,16 +225,71 @@ def load_talker(model_dir: str, dtype: torch.dtype, device: str) -> Qwen3TTSTalk
         text_projection=root.text_projection,
         code_predictor=root.code_predictor,
         speaker_encoder=getattr(root, "speaker_encoder", None),
+        codec_encoder=_codec_encoder(tts, model_dir, device),
         tts_config=tts,
+        generation_config=_generation_config(model_dir),
     )
 
 
+def _generation_config(model_dir: str) -> dict[str, Any]:
+    path = Path(model_dir) / "generation_config.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _codec_encoder(tts: dict[str, Any], model_dir: str, device: str) -> nn.Module | None:
+    if tts.get("tts_model_type") != "base":
+        return None
+    from omnistage.models.qwen3_tts.encoder import load_encoder
+
+    return load_encoder(model_dir, device)
+
+
 def predict_codes(model: Qwen3TTSTalker, step: SampledStep) -> PostSample:
-    """Post-sample hook: codebooks 1..15 of every sampled frame in one batch, and the next inputs."""
+    """Post-sample hook: codebooks 1..15 of every sampled frame in one batch, and the next inputs. A
+    request whose inputs hold `subtalker` params samples them as the reference's `subtalker_*` sampling."""
     code0 = model.embed(step.token_ids)
-    codes, rest = model.code_predictor(step.hidden.to(code0.dtype), code0)
+    specs = [inputs.get("subtalker") for inputs in step.inputs]
+    pick = SubtalkerSampler(specs, step.steps, code0.device) if any(specs) else None
+    codes, rest = model.code_predictor(step.hidden.to(code0.dtype), code0, pick=pick)
     text = torch.stack([_text_row(inputs, i) for inputs, i in zip(step.inputs, step.steps, strict=True)])
     return PostSample(codes=codes, next_embeds=code0 + rest + text.to(code0.device, code0.dtype))
+
+
+class SubtalkerSampler:
+    """Per row: greedy, or sampled with the request's temperature / top-k / top-p from a generator seeded by
+    (its seed, the frame's step), so a frame's codes depend on nothing else in the batch (the hook stays a
+    pure function: batched equals alone, a retry or recompute gives the same codes)."""
+
+    def __init__(self, specs: list[dict[str, Any] | None], steps: list[int], device: torch.device):
+        self.specs = specs
+        self.generators = [
+            None
+            if not spec or not spec.get("do_sample", True)
+            else torch.Generator(device).manual_seed((int(spec["seed"]) * 1_000_003 + step) % 2**63)
+            for spec, step in zip(specs, steps, strict=True)
+        ]
+
+    def __call__(self, group: int, logits: torch.Tensor) -> torch.Tensor:
+        codes = logits.argmax(dim=-1)
+        for i, (spec, gen) in enumerate(zip(self.specs, self.generators, strict=True)):
+            if gen is not None:
+                codes[i] = _sample(logits[i].float(), spec, gen)
+        return codes
+
+
+def _sample(logits: torch.Tensor, spec: dict[str, Any], gen: torch.Generator) -> torch.Tensor:
+    """transformers' order: temperature, top-k, top-p, then a draw from the softmax."""
+    logits = logits / max(float(spec.get("temperature", 1.0)), 1e-5)
+    top_k = int(spec.get("top_k") or 0)
+    if 0 < top_k < logits.shape[-1]:
+        logits = logits.masked_fill(logits < torch.topk(logits, top_k).values[-1], float("-inf"))
+    top_p = float(spec.get("top_p", 1.0))
+    if top_p < 1.0:
+        ordered, index = torch.sort(logits, descending=False)
+        drop = ordered.softmax(-1).cumsum(-1) <= 1 - top_p
+        drop[-1] = False
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, index, drop), float("-inf"))
+    return torch.multinomial(logits.softmax(-1), 1, generator=gen)[0]
 
 
 def _text_row(inputs: dict[str, Any], step: int) -> torch.Tensor:

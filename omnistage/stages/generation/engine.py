@@ -5,6 +5,14 @@ a pass per `chunk_size` new frames). A chunk is decoded with `left_context` earl
 `right_context` later ones as context, and only its own span of the output is emitted, so the joined
 output stays close to a one-pass decode while audio starts long before the input is complete.
 
+A request may start with context-only frames (`inputs["context_frames"]`: the first N input frames, e.g. a
+cloned voice's reference clip codes that the model continues): they are decoded as left context (all of
+them in a one-pass decode) and never emitted.
+
+The first chunk's size may follow the load (`first_chunk_sizes`, e.g. [2, 4, 8, 16]: the smallest when the
+stage is nearly idle, the largest when it is full, chosen as a request arrives from active requests /
+`max_num_seqs`), and a request may ask its own (`inputs["first_chunk_frames"]`; 0: the regular chunk).
+
 A generator that can pause (`generate_steps`, yielding between units of work such as ODE steps) lets a
 request's first chunk overtake a long pass already running: the engine advances one unit per `step()`, and
 a first-chunk pass, when there is one, goes before the pass it interrupted (time to first audio waits for
@@ -73,10 +81,17 @@ class _Request:
     request: StageRequest
     frames: list[torch.Tensor]
     available: int
-    emitted: int = 0  # frames whose output has been sent
+    emitted: int = 0  # frames whose output has been sent (or that are context only)
+    context: int = 0  # leading frames that are context only, never emitted
     complete: bool = False
     in_flight: bool = False  # inside a pass that has not finished
     reported: bool = False  # an output has been sent
+    first_chunk: int | None = None  # this request's first chunk size (None: the engine's)
+
+    @property
+    def fresh(self) -> bool:
+        """Nothing of its own output has been emitted yet."""
+        return self.emitted == self.context
 
     def inputs(self) -> torch.Tensor:
         if len(self.frames) > 1:
@@ -97,6 +112,7 @@ class GenerationEngine:
         max_chunk_size: int | None = None,
         first_chunk_size: int | None = None,
         first_right_context: int | None = None,
+        first_chunk_sizes: list[int] | None = None,
     ):
         if chunk_size is not None and chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
@@ -111,6 +127,9 @@ class GenerationEngine:
         # A request's first output may be smaller than the rest: its first audio waits for fewer input
         # frames and costs a smaller decode (time to first audio); the later chunks keep the larger size.
         self.first_chunk_size = first_chunk_size or chunk_size
+        self.first_chunk_sizes = sorted(int(n) for n in first_chunk_sizes or [])
+        if any(n < 1 for n in self.first_chunk_sizes):
+            raise ValueError("first_chunk_sizes must be >= 1")
         self.left_context = left_context
         self.right_context = right_context
         # The first chunk may also look less far ahead: its audio waits for fewer input frames.
@@ -126,9 +145,21 @@ class GenerationEngine:
     # ---- StageEngine ---------------------------------------------------------------------------------
     def add_request(self, request: StageRequest) -> None:
         frames = self._frames(request.inputs.get(self.input_key, request.prompt))
-        self.requests[request.request_id] = _Request(
-            request, [frames], len(frames), complete=not request.streaming_input
-        )
+        context = min(int(request.inputs.get("context_frames", 0)), len(frames))
+        complete = not request.streaming_input
+        state = _Request(request, [frames], len(frames), emitted=context, context=context, complete=complete)
+        state.first_chunk = self._first_chunk(request.inputs.get("first_chunk_frames"))
+        self.requests[request.request_id] = state
+
+    def _first_chunk(self, asked: Any) -> int | None:
+        """A new request's first chunk: its own ask, else by load among `first_chunk_sizes`."""
+        if asked is not None:
+            return int(asked) or self.chunk_size
+        if not self.first_chunk_sizes:
+            return None
+        load = (len(self.requests) + 1) / max(self.max_num_seqs, 1)
+        sizes = self.first_chunk_sizes
+        return sizes[min(len(sizes) - 1, int(load * len(sizes)))]
 
     def add_chunk(self, request_id: str, inputs: dict[str, Any], last: bool) -> None:
         state = self.requests.get(request_id)
@@ -156,7 +187,7 @@ class GenerationEngine:
         if self.first_pass is not None and self.first_pass.streaming:
             return True
         return any(
-            s.emitted == 0 and not s.complete and not s.in_flight and self._ready_span(s) is not None
+            s.fresh and not s.complete and not s.in_flight and self._ready_span(s) is not None
             for s in self.requests.values()
         )
 
@@ -173,7 +204,7 @@ class GenerationEngine:
                 ready.append((rid, state, *span))
         # Requests that have output nothing yet go first, and alone: their first chunk (time to first audio)
         # waits neither behind nor inside the longer catch-up windows of requests already playing.
-        fresh = [item for item in ready if item[1].emitted == 0]
+        fresh = [item for item in ready if item[1].fresh]
         if fresh and self.first_pass is None:
             self.first_pass = self._start(fresh[: self.max_num_seqs])
         elif ready and self.first_pass is None and self.pass_ is None:
@@ -186,8 +217,10 @@ class GenerationEngine:
     def _start(self, batch: list[tuple[str, _Request, int, int]]) -> _Pass:
         windows, params, starts, spans = [], [], [], []
         for _, state, start, end in batch:
-            lo = max(0, start - self.left_context)
-            right = self.first_right_context if state.emitted == 0 else self.right_context
+            # A one-pass decode reads all of a request's context frames; a chunked one its left context.
+            back = max(self.left_context, state.context if self.chunk_size is None else 0)
+            lo = max(0, start - back)
+            right = self.first_right_context if state.fresh else self.right_context
             hi = min(state.available, end + right)
             windows.append(state.inputs()[lo:hi])
             params.append(state.request.params)
@@ -267,9 +300,10 @@ class GenerationEngine:
             return start, start + min(pending, self._span_cap(state))
         if self.chunk_size is None:
             return None
-        if state.emitted == 0:
+        if state.fresh:
             ready = pending - self.first_right_context
-            return (start, start + self.first_chunk_size) if ready >= self.first_chunk_size else None
+            first = state.first_chunk or self.first_chunk_size
+            return (start, start + first) if ready >= first else None
         ready = (pending - self.right_context) // self.chunk_size * self.chunk_size
         if ready < self.chunk_size:
             return None
@@ -279,7 +313,7 @@ class GenerationEngine:
         """A request's first output is one (first) chunk, however much input is ready: its first audio should
         cost one chunk's decode, not a catch-up span's (a request that waited for the stage, e.g. behind
         another pass, would otherwise decode up to `max_chunk_size` frames before playing anything)."""
-        return self.first_chunk_size if state.emitted == 0 else self.max_chunk_size
+        return (state.first_chunk or self.first_chunk_size) if state.fresh else self.max_chunk_size
 
     def _frames(self, value: Any) -> torch.Tensor:
         if value is None:
@@ -311,13 +345,13 @@ class GenerationEngine:
 
 def create_engine(ctx: EngineContext) -> GenerationEngine:
     """`engine_args`: `generator` ("module:function" called with the context, returning a Generator),
-    and optionally `chunk_size`, `max_chunk_size`, `first_chunk_size`, `first_right_context`,
-    `left_context`, `right_context`, `input_key`, `output_key`."""
+    and optionally `chunk_size`, `max_chunk_size`, `first_chunk_size`, `first_chunk_sizes`,
+    `first_right_context`, `left_context`, `right_context`, `input_key`, `output_key`."""
     args = dict(ctx.engine_args)
     factory = load_ref(args.pop("generator", None))
     if factory is None:
         raise ValueError(f"stage {ctx.stage.name}: generation stages need engine_args.generator")
-    known = {"chunk_size", "max_chunk_size", "first_chunk_size", "first_right_context"}
+    known = {"chunk_size", "max_chunk_size", "first_chunk_size", "first_chunk_sizes", "first_right_context"}
     known |= {"left_context", "right_context"}
     known |= {"input_key", "output_key"}
     options = {k: v for k, v in args.items() if k in known}

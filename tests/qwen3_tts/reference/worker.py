@@ -3,7 +3,8 @@ in omnistage's: builds the tiny checkpoints from the reference's own config and 
 the reference's outputs for them. Called by tests/qwen3_tts/reference_outputs.py as
 `python worker.py build OUT_DIR VARIANT`, `python worker.py codes MODEL_DIR REQUESTS_JSON OUT_PT` or
 `python worker.py decode MODEL_DIR CODES_PT OUT_PT` or
-`python worker.py clone MODEL_DIR REQUESTS_JSON AUDIO_PT OUT_PT`."""
+`python worker.py clone|icl MODEL_DIR REQUESTS_JSON AUDIO_PT OUT_PT`; `python worker.py layout OUT_JSON`
+writes what tests/qwen3_tts/tiny_checkpoint.py builds the tiny checkpoints from."""
 
 from __future__ import annotations
 
@@ -111,7 +112,7 @@ def tiny_config(modeling: types.ModuleType, variant: str):  # noqa: ANN201 - the
     return config
 
 
-def build(out_dir: str, variant: str) -> None:
+def build(out_dir: str, variant: str, tokenizer: bool = True) -> None:
     """A seeded random-weight checkpoint in the released layout (config.json, model.safetensors,
     generation_config.json). The talker head's EOS row is scaled up so some texts end on EOS."""
     modeling = import_reference()
@@ -134,7 +135,8 @@ def build(out_dir: str, variant: str) -> None:
                   "subtalker_top_p": 1.0, "subtalker_top_k": 50, "max_new_tokens": 8192}  # fmt: skip
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
     build_codec(out / "speech_tokenizer")
-    build_tokenizer(out)
+    if tokenizer:
+        build_tokenizer(out)
 
 
 SPECIALS = {151643: "<|endoftext|>", 151644: "<|im_start|>", 151645: "<|im_end|>", 151671: "<|tts_pad|>",
@@ -187,7 +189,7 @@ def codec_config():  # noqa: ANN201 - the reference's tokenizer config class
         num_residual_layers=1, upsampling_ratios=[8, 6, 5, 4], kernel_size=7, last_kernel_size=3,
         residual_kernel_size=3, dilation_growth_rate=2, compress=2, num_hidden_layers=1,
         num_attention_heads=2, num_key_value_heads=2, head_dim=16, intermediate_size=64, codebook_size=2048,
-        codebook_dim=32,
+        codebook_dim=16, vector_quantization_hidden_dimension=16,  # as released: a projection before the RVQ
         num_quantizers=32, num_semantic_quantizers=1, sliding_window=250, max_position_embeddings=8000,
         upsample_groups=32, rope_theta=10000.0,
     )  # fmt: skip
@@ -283,6 +285,39 @@ def clone(model_dir: str, requests_json: str, audio_pt: str, out_pt: str) -> Non
     torch.save({"xvectors": xvectors, "codes": results}, out_pt)
 
 
+def icl(model_dir: str, requests_json: str, audio_pt: str, out_pt: str) -> None:
+    """Base in-context cloning, as the reference's `generate_voice_clone`: each request's clip (24 kHz)
+    → its codes (the 12 Hz tokenizer's encoder) and x-vector; greedy codes with the clip's codes and
+    transcript (`ref_ids`) in the prompt; the waveform of clip codes + codes, the clip's share cut."""
+    model = load(model_dir)
+    from qwen_tts.inference.qwen3_tts_tokenizer import Qwen3TTSTokenizer
+
+    tokenizer = Qwen3TTSTokenizer.from_pretrained(str(Path(model_dir) / "speech_tokenizer"))
+    codec = tokenizer.model.eval()
+    result = {"ref_codes": [], "xvectors": [], "codes": [], "wavs": []}
+    for req, clip in zip(json.loads(Path(requests_json).read_text()), torch.load(audio_pt), strict=True):
+        wav = clip.numpy().astype("float32")
+        ref_code = tokenizer.encode(wav, sr=24000).audio_codes[0]
+        xvector = model.extract_speaker_embedding(wav, 24000)
+        prompt = {"ref_code": [ref_code], "ref_spk_embedding": [xvector], "x_vector_only_mode": [False],
+                  "icl_mode": [True]}  # fmt: skip
+        with torch.no_grad():
+            got, _ = model.generate(
+                input_ids=[torch.tensor([req["input_ids"]])], ref_ids=[torch.tensor([req["ref_ids"]])],
+                voice_clone_prompt=prompt, languages=[req["language"]],
+                non_streaming_mode=req["non_streaming_mode"], max_new_tokens=req["max_new_tokens"],
+                do_sample=False, subtalker_dosample=False,
+            )  # fmt: skip
+            whole = torch.cat([ref_code, got[0]], dim=0)
+            wave = codec.decode(whole[None].long()).audio_values[0].float().cpu()
+        cut = int(ref_code.shape[0] / max(whole.shape[0], 1) * wave.shape[0])
+        result["ref_codes"].append(ref_code.cpu())
+        result["xvectors"].append(xvector.float().cpu())
+        result["codes"].append(got[0].cpu())
+        result["wavs"].append(wave[cut:])
+    torch.save(result, out_pt)
+
+
 def decode(model_dir: str, codes_pt: str, out_pt: str) -> None:
     """The reference codec's waveform (`Qwen3TTSTokenizerV2Model.decode`, fp32) of each [T, 16] codes."""
     import_reference()
@@ -294,6 +329,31 @@ def decode(model_dir: str, codes_pt: str, out_pt: str) -> None:
     torch.save(wavs, out_pt)
 
 
+def layout(out_json: str, *variants: str) -> None:
+    """What a checkpoint of each variant holds, as the reference's classes save it: every JSON file and
+    every tensor's name and shape (all fp32). omnistage's venv builds the tiny checkpoints from it
+    (tests/qwen3_tts/tiny_checkpoint.py) without the reference."""
+    import tempfile
+
+    from safetensors import safe_open
+
+    result = {}
+    for variant in variants or tuple(VARIANTS):
+        with tempfile.TemporaryDirectory() as tmp:
+            build(tmp, variant, tokenizer=False)
+            files, tensors = {}, {}
+            for path in sorted(Path(tmp).rglob("*")):
+                rel = str(path.relative_to(tmp))
+                if path.suffix == ".json":
+                    files[rel] = json.loads(path.read_text())
+                elif path.suffix == ".safetensors":
+                    with safe_open(str(path), "pt") as f:
+                        tensors[rel] = {k: list(f.get_slice(k).get_shape()) for k in sorted(f.keys())}
+        result[variant] = {"files": files, "tensors": tensors}
+    Path(out_json).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    {"build": build, "codes": codes, "clone": clone, "decode": decode}[sys.argv[1]](*sys.argv[2:])
+    commands = {"build": build, "layout": layout, "codes": codes, "clone": clone, "icl": icl}
+    (commands | {"decode": decode})[sys.argv[1]](*sys.argv[2:])
