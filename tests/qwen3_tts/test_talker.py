@@ -135,14 +135,18 @@ def test_prompt_rejects_bad_fields_naming_them() -> None:
 
 
 def test_seeded_sampling_gives_the_same_codes_alone_and_batched() -> None:
-    """Sampled (the reference's defaults: temperature 0.9, top-k 50) with a seed: a request's frames are
-    the same alone and among 8 requests arriving at different steps, and other seeds give other frames."""
+    """Sampled (the reference's defaults: temperature 0.9, top-k 50, for the talker and the code predictor's
+    `subtalker_*`) with a seed: a request's 16-codebook frames are the same alone and among 8 requests
+    arriving at different steps; other seeds give other frames, and the sampled code predictor other
+    codebooks 1..15 than the greedy one."""
     requests = reference_requests("custom_voice")
 
-    def sampled(engine, reqs: list[dict], seeds: list[int]) -> list[StageRequest]:
+    def sampled(engine, reqs: list[dict], seeds: list[int], subtalker: bool = True) -> list[StageRequest]:
         out = stage_requests(engine, reqs)
         for req, seed in zip(out, seeds, strict=True):
             req.params = msgspec.structs.replace(req.params, temperature=0.9, top_k=50, seed=seed)
+            if subtalker:
+                req.inputs["subtalker"] = {"temperature": 0.9, "top_k": 50, "top_p": 0.95, "seed": seed + 100}
         return out
 
     engine = talker("custom_voice")
@@ -157,3 +161,8 @@ def test_seeded_sampling_gives_the_same_codes_alone_and_batched() -> None:
     others = [mixed[f"r{i}"].codes for i in range(1, 8) if batch[i] is requests[0]]
     assert others and all(not torch.equal(o, alone["r0"].codes) for o in others)
     assert not torch.equal(greedy["r0"].codes, alone["r0"].codes)
+    engine = talker("custom_voice")
+    plain, _ = run(engine, sampled(engine, requests[:1], [7], subtalker=False))
+    same = min(len(plain["r0"].codes), len(alone["r0"].codes))
+    assert same >= 2 and torch.equal(plain["r0"].codes[:1, 0], alone["r0"].codes[:1, 0])  # codebook 0 alike
+    assert not torch.equal(plain["r0"].codes[:same, 1:], alone["r0"].codes[:same, 1:])

@@ -1,0 +1,65 @@
+"""The codec stage's first chunk (time to first audio): chosen by load among [2, 4, 8, 16] frames as each
+request arrives (vLLM-Omni's rule, then 25-frame chunks), or the request's own `first_chunk_frames`; and
+context-only frames (a cloned voice's clip codes) are decoded as context and never emitted."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omnistage.stages.base import StageRequest
+from tests.qwen3_tts.test_codec import FRAME, engine
+
+pytestmark = pytest.mark.engine
+
+
+def codes(seed: int, frames: int) -> torch.Tensor:
+    return torch.randint(0, 2048, (frames, 16), generator=torch.Generator().manual_seed(seed))
+
+
+def first_outputs(eng, requests: list[StageRequest]) -> dict[str, int]:
+    """Each request's first output, in frames, with 30 frames of each request already arrived."""
+    for req in requests:
+        eng.add_request(req)
+    got: dict[str, int] = {}
+    for _ in range(100):
+        for out in eng.step():
+            got.setdefault(out.request_id, len(out.audio) // FRAME)
+        if len(got) == len(requests):
+            return got
+    raise AssertionError(f"no first output for {set(r.request_id for r in requests) - set(got)}")
+
+
+def test_first_chunk_follows_load_and_the_request() -> None:
+    eng = engine(async_chunk=True, chunk_frames=25, first_chunk_frames=[2, 4, 8, 16])
+    assert eng.max_num_seqs == 8
+    reqs = [StageRequest(f"r{i}", inputs={"codes": codes(i, 30)}, streaming_input=True) for i in range(8)]
+    got = first_outputs(eng, reqs)
+    # arrival k of 8 (load k/8): 2 frames alone, 4 at a quarter to half, 8 at half, 16 when nearly full
+    assert [got[f"r{i}"] for i in range(8)] == [2, 4, 4, 8, 8, 16, 16, 16]
+    eng = engine(async_chunk=True, chunk_frames=25, first_chunk_frames=[2, 4, 8, 16])
+    asked = [
+        StageRequest("three", inputs={"codes": codes(1, 30), "first_chunk_frames": 3}, streaming_input=True),
+        StageRequest("zero", inputs={"codes": codes(2, 30), "first_chunk_frames": 0}, streaming_input=True),
+    ]
+    assert first_outputs(eng, asked) == {"three": 3, "zero": 25}
+
+
+def test_context_frames_are_decoded_never_emitted() -> None:
+    """Full handoff: the clip's 12 frames are context for the request's 10 (its audio is that span of the
+    one-pass decode of all 22); async chunk: the first chunk's window reaches back into them."""
+    clip, new = codes(3, 12), codes(4, 10)
+    whole = torch.cat([clip, new])
+    full = engine(async_chunk=False)
+    with torch.no_grad():
+        one_pass = full.generator.codec(whole.T[None])[0, 0]
+    full.add_request(StageRequest("r", inputs={"codes": whole, "context_frames": 12}))
+    (out,) = full.step()
+    assert out.finished and out.audio.shape == (10 * FRAME,)
+    assert float((out.audio - one_pass[12 * FRAME :]).abs().max()) <= 1e-5
+    chunked = engine(async_chunk=True, chunk_frames=25, first_chunk_frames=4, left_context_frames="exact")
+    head = {"codes": whole[:16], "context_frames": 12}
+    chunked.add_request(StageRequest("r", inputs=head, streaming_input=True))
+    (first,) = chunked.step()
+    assert first.audio.shape == (4 * FRAME,)
+    assert float((first.audio - one_pass[12 * FRAME : 16 * FRAME]).abs().max()) <= 5e-4
