@@ -33,6 +33,11 @@ def engine(async_chunk: bool, **engine_args):  # noqa: ANN201
     return create_engine(ctx)
 
 
+def streamed_codes() -> list[torch.Tensor]:
+    """The talker's codes and 80 random frames: enough for several chunks past a 25-frame context."""
+    return [*codes_under_test()[:-1], codes_under_test()[-1][:80]]
+
+
 def codes_under_test() -> list[torch.Tensor]:
     """The reference talker's codes for the CustomVoice prompts, and 330 random frames (past the
     reference's 300-frame decode chunk, so its chunk joins are exercised too)."""
@@ -96,7 +101,7 @@ def test_full_handoff_equals_reference() -> None:
 def test_async_chunks_join_into_the_one_pass_waveform_with_receptive_field_context() -> None:
     """With the decoder's receptive field as left context every chunk's samples are those of the one-pass
     decode: nothing further back reaches them (all layers causal; see CodecDecoder.context_frames)."""
-    codes = codes_under_test()
+    codes = streamed_codes()
     eng = engine(async_chunk=True, chunk_frames=25, first_chunk_frames=4, left_context_frames="exact")
     codec = eng.generator.codec
     assert eng.left_context == codec.context_frames() == 2 + 2 * 71 + 10
@@ -113,7 +118,7 @@ def test_async_chunks_with_short_context_equal_the_references_chunking() -> None
     """The default context (25 frames, as the reference's own chunked decode): the joined audio equals
     the reference decoder's `chunked_decode` with 25-frame chunks and 25 frames of context, and differs
     from the one-pass decode once a chunk's context is cut (random weights reach far back)."""
-    codes = codes_under_test()
+    codes = streamed_codes()
     eng = engine(async_chunk=True, chunk_frames=25, max_chunk_frames=25)
     codec = eng.generator.codec
     got = stream(eng, codes, piece=5)
