@@ -1,6 +1,10 @@
-"""Suite-wide settings. Area fixtures live in tests/<area>/conftest.py."""
+"""Suite-wide settings and the one server several areas share (area fixtures: tests/<area>/conftest.py)."""
 
 import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 
 # Keep the suite within its time budget on 2 cores and independent of the caller's environment.
 os.environ.setdefault("OMNISTAGE_LOG_LEVEL", "WARNING")
@@ -11,9 +15,31 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`), a test area (tests/<area>) runs on one
-    worker, so its session-scoped servers and references start once."""
-    import pytest
+    worker, so its session-scoped servers and references start once; the areas sharing the voice demo server
+    run on one worker together."""
+    from tests.voice_demo import AREAS
 
     for item in items:
         parts = item.nodeid.split("/")
-        item.add_marker(pytest.mark.xdist_group(parts[1] if len(parts) > 2 else "root"))
+        area = parts[1] if len(parts) > 2 else "root"
+        item.add_marker(pytest.mark.xdist_group("voice-demo" if area in AREAS else area))
+
+
+@pytest.fixture(scope="session")
+def voices_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("voices")
+
+
+@pytest.fixture(scope="session")
+def voice_demo_server(tmp_path_factory: pytest.TempPathFactory, voices_dir: Path) -> Iterator:
+    """tests/voice_demo.py: the speaking and listening demo models, one server for the session."""
+    from tests.serving.server_process import ServerProcess
+    from tests.voice_demo import voice_demo_args
+
+    log = tmp_path_factory.mktemp("voice-demo-server") / "server.log"
+    server = ServerProcess(voice_demo_args(voices_dir), log, module="omnistage")
+    try:
+        server.wait_healthy(timeout=300)
+        yield server
+    finally:
+        server.stop()

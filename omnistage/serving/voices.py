@@ -182,7 +182,7 @@ class Voices:
 
     def __init__(self, models: ServedModels, store: VoiceStore):
         self.store = store
-        self.models = {m.name: model_voices(m) for m in models}
+        self.models = {m.name: model_voices(m) for m in models if m.produces("audio")}  # the ones that speak
 
     def builtin(self) -> set[str]:
         return {v for m in self.models.values() for v in m.voices}

@@ -1,6 +1,6 @@
-"""A real `omnistage serve` of the demo's speaking models: the voice (`hibari-en`) and the chat model that
-speaks its answers (`smollm2-135m-instruct`: SmolLM2 → the voice). One server for the whole session; the
-voices directory is the test's own, so uploads never touch the user's cache."""
+"""The speech tests' server: the session's voice demo server (tests/voice_demo.py), which serves the voice
+(`hibari-en`) and the chat model that speaks its answers (`smollm2-135m-instruct`: SmolLM2 → the voice)
+among others. `speech_server_args` starts a server of just those two (the restart tests' own)."""
 
 from __future__ import annotations
 
@@ -26,19 +26,8 @@ def speech_server_args(voices_dir: Path) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def voices_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("voices")
-
-
-@pytest.fixture(scope="session")
-def speech_server(tmp_path_factory: pytest.TempPathFactory, voices_dir: Path) -> Iterator[ServerProcess]:
-    log = tmp_path_factory.mktemp("speech-server") / "server.log"
-    server = ServerProcess(speech_server_args(voices_dir), log, module="omnistage")
-    try:
-        server.wait_healthy(timeout=300)
-        yield server
-    finally:
-        server.stop()
+def speech_server(voice_demo_server: ServerProcess) -> ServerProcess:
+    return voice_demo_server
 
 
 @pytest.fixture(scope="session")

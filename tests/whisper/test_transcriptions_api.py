@@ -15,7 +15,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from omnistage.demo.whisper import NAME, whisper_dir
+from omnistage.demo.whisper import NAME
 from omnistage.serving.media import encode_audio
 from tests.asr import words
 from tests.serving.server_process import ServerProcess
@@ -25,14 +25,9 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    log = tmp_path_factory.mktemp("whisper-server") / "server.log"
-    proc = ServerProcess(["serve", str(whisper_dir()), "--num-threads", "1"], log, module="omnistage")
-    try:
-        proc.wait_healthy(timeout=300)
-        yield proc
-    finally:
-        assert proc.stop() == 0, proc.logs()
+def server(voice_demo_server: ServerProcess) -> ServerProcess:
+    """The session's voice demo server (tests/voice_demo.py): tiny.en among the speaking models."""
+    return voice_demo_server
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ def capabilities_block(model: ServedModel, ctx: ServerContext) -> dict[str, Any]
     from it): its routes and output modalities, its limits under the server's caps, how it speaks. A chat
     model that does not hear audio lists `realtime` while a served model transcribes for it."""
     caps = model.capabilities
+    speaks = ctx.voices.models.get(model.name)  # None for a model that does not speak
     routes = list(caps.routes)
     if realtime.ROUTE not in routes and realtime.offers_sessions(ctx, model):
         routes.append(realtime.ROUTE)
@@ -32,7 +33,7 @@ def capabilities_block(model: ServedModel, ctx: ServerContext) -> dict[str, Any]
         "default_modalities": model.default_modalities(),
         "prompt": caps.prompt,
         "limits": dataclasses.asdict(model.limits(ctx.settings)),
-        "voices": ctx.voices.models[model.name].describe()["voices"],  # with the checkpoint's own
+        "voices": speaks.describe()["voices"] if speaks else [],  # with the checkpoint's own
         "speed_range": list(caps.speed_range) if caps.speed_range else None,
         "clones_voices": caps.clones_voices,
     }
