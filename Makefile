@@ -37,7 +37,8 @@ browser:
 		{ $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium chromium-driver; }
 
 test: lint browser
-	$(PY) -m pytest -q -p no:cacheprovider
+	# Both cores: one pytest-xdist worker per test area (tests/conftest.py), two at a time.
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
 
 format: setup
 	$(VENV)/bin/ruff check --fix .
