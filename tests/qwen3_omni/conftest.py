@@ -20,7 +20,8 @@ THINKER_TOKENS = 10
 # The reference feeds back every talker token but the last, so N talker tokens give N - 1 frames;
 # omnistage's post-sample hook makes a frame for every token it samples: max_tokens = FRAMES gives the
 # reference's first FRAMES frames.
-FRAMES = 24
+FRAMES = 20  # code2wav's async chunks: the first 4 frames, then 16 more (16 is SamplingParams' default
+# max_tokens, which would not override the talker's pipeline default)
 
 
 def _prompts() -> dict[str, object]:

@@ -1,6 +1,7 @@
-"""Qwen3-Omni behind `omnistage serve` on its default deploy (thinker, talker and code2wav in three
-processes, async chunk on both edges): chat answers in text and audio (streamed as audio deltas), the
-speech route speaks with the checkpoint's speakers, and both are the reference's greedy output."""
+"""Qwen3-Omni behind `omnistage serve` on the inline deploy (the default deploy's stages and async chunk on
+both edges, as threads of one process: the three-process start-up would double this module's time): chat
+answers in text and audio (streamed as audio deltas), the speech route speaks with the checkpoint's
+speakers, and both are the reference's greedy output."""
 
 import base64
 import io
@@ -26,7 +27,8 @@ STAGE_PARAMS = [
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, omni3_dir):
     root = tmp_path_factory.mktemp("qwen3_omni")
-    args = ["serve", str(omni3_dir), "--storage-dir", str(root / "storage")]
+    deploy = "omnistage/pipelines/deploy/qwen3_omni_inline.yaml"
+    args = ["serve", str(omni3_dir), "--deploy-config", deploy, "--storage-dir", str(root / "storage")]
     proc = ServerProcess(args, root / "server.log", module="omnistage")
     try:
         proc.wait_healthy(timeout=300)
