@@ -77,7 +77,10 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-uploaded-voices", type=int, default=ServerSettings.max_uploaded_voices)
     group.add_argument("--max-realtime-sessions", type=int, default=ServerSettings.max_realtime_sessions)
     group.add_argument(
-        "--realtime-idle-timeout", type=float, default=ServerSettings.realtime_idle_timeout_s, metavar="SECONDS"
+        "--realtime-idle-timeout",
+        type=float,
+        default=ServerSettings.realtime_idle_timeout_s,
+        metavar="SECONDS",
     )
     group.add_argument(
         "--realtime-max-audio-seconds", type=float, default=ServerSettings.realtime_max_audio_seconds
