@@ -34,8 +34,8 @@ from omnistage.serving.routes import (
     videos,
 )
 from omnistage.serving.routes import models as model_routes
-from omnistage.serving.routes import voices as voice_routes
 from omnistage.serving.routes import realtime as realtime_routes
+from omnistage.serving.routes import voices as voice_routes
 from omnistage.serving.served import ServedModels
 from omnistage.serving.settings import ServerSettings
 from omnistage.serving.video_jobs import VideoJobStore
