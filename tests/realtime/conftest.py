@@ -1,7 +1,7 @@
-"""A real `omnistage serve` for realtime sessions: the tiny Qwen2.5-Omni (it hears audio and answers in text
-and speech) and the demo's voice loop (Whisper tiny.en transcribes, SmolLM2 answers, the hibari voice speaks;
-the voice also speaks the questions). One server for the whole session, with a small session bound, input
-limit and idle timeout so the limits can be reached."""
+"""Realtime sessions run against the session's voice demo server (tests/voice_demo.py): the tiny Qwen2.5-Omni
+(it hears audio and answers in text and speech) and the demo's voice loop (Whisper tiny.en transcribes,
+SmolLM2 answers, the hibari voice speaks; the voice also speaks the questions), with a small session bound,
+input limit and idle timeout so the limits can be reached."""
 
 from __future__ import annotations
 
@@ -17,36 +17,16 @@ import soundfile as sf
 from openai import OpenAI
 
 from tests.serving.server_process import ServerProcess
+from tests.voice_demo import CHAT, IDLE_S, MAX_AUDIO_S, MAX_SESSIONS, OMNI, VOICE, WHISPER
 
-OMNI = "qwen2_5_omni-tiny-2"
-VOICE = "hibari-en"
-CHAT = "smollm2-135m-instruct"
-WHISPER = "whisper-tiny.en"
-MAX_SESSIONS = 2
-MAX_AUDIO_S = 20
-IDLE_S = 4
+__all__ = ["CHAT", "IDLE_S", "MAX_AUDIO_S", "MAX_SESSIONS", "OMNI", "VOICE", "WHISPER"]
 RATE = 24000
 QUESTION = "What is the capital of France?"
 
 
 @pytest.fixture(scope="session")
-def realtime_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    from omnistage.demo.qwen2_5_omni import qwen2_5_omni_dir
-    from omnistage.demo.smollm import smollm2_dir
-    from omnistage.demo.voice import spoken_chat_dir, voice_dir
-    from omnistage.demo.whisper import whisper_dir
-
-    log = tmp_path_factory.mktemp("realtime-server") / "server.log"
-    models = [qwen2_5_omni_dir(), spoken_chat_dir(smollm2_dir()), voice_dir(), whisper_dir()]
-    args = ["serve", *map(str, models), "--num-threads", "1"]
-    args += ["--max-realtime-sessions", str(MAX_SESSIONS), "--realtime-max-audio-seconds", str(MAX_AUDIO_S)]
-    args += ["--realtime-idle-timeout", str(IDLE_S), "--voices-dir", str(tmp_path_factory.mktemp("voices"))]
-    server = ServerProcess(args, log, module="omnistage")
-    try:
-        server.wait_healthy(timeout=300)
-        yield server
-    finally:
-        server.stop()
+def realtime_server(voice_demo_server: ServerProcess) -> ServerProcess:
+    return voice_demo_server
 
 
 @pytest.fixture(scope="session")
