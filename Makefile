@@ -37,8 +37,7 @@ browser:
 		{ $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium chromium-driver; }
 
 test: lint browser
-	# Both cores: one pytest-xdist worker per test area (tests/conftest.py), two at a time.
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
+	$(PY) -m pytest -q -p no:cacheprovider
 
 format: setup
 	$(VENV)/bin/ruff check --fix .

@@ -13,18 +13,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`), a test area (tests/<area>) runs on one
-    worker, so its session-scoped servers and references start once; the areas sharing the voice demo server
-    run on one worker together."""
-    from tests.voice_demo import AREAS
-
-    for item in items:
-        parts = item.nodeid.split("/")
-        area = parts[1] if len(parts) > 2 else "root"
-        item.add_marker(pytest.mark.xdist_group("voice-demo" if area in AREAS else area))
-
-
 @pytest.fixture(scope="session")
 def voices_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("voices")

@@ -4,14 +4,12 @@ answers in text and speech), the demo's chat model that speaks (SmolLM2 → hiba
 (`hibari-en`) and Whisper tiny.en. Small realtime bounds, so the realtime tests can reach them; they touch
 nothing the other routes do. The voices directory is the session's own: uploads never touch the user's cache.
 
-The fixture is `voice_demo_server` (tests/conftest.py); tests/conftest.py also keeps these areas on one
-pytest-xdist worker, so the server starts once per run."""
+The fixture is `voice_demo_server` (tests/conftest.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-AREAS = ("speech", "whisper", "realtime")  # the test areas that share the server
 OMNI = "qwen2_5_omni-tiny-2"
 VOICE = "hibari-en"
 CHAT = "smollm2-135m-instruct"
