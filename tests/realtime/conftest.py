@@ -57,18 +57,6 @@ def wav_bytes(samples: np.ndarray) -> bytes:
     return out.getvalue()
 
 
-def voiced_span(samples: np.ndarray, level: float = 0.01) -> tuple[int, int]:
-    """From the first to past the last sample louder than `level` of full scale (the voice's own quiet
-    edges left out)."""
-    loud = np.nonzero(np.abs(samples.astype(np.float32)) > level * 32768)[0]
-    return int(loud[0]), int(loud[-1]) + 1
-
-
-def voiced(samples: np.ndarray) -> np.ndarray:
-    start, end = voiced_span(samples)
-    return samples[start:end]
-
-
 def spoken_turn(speech: np.ndarray, lead_s: float = 0.5, tail_s: float = 1.2) -> np.ndarray:
     """Silence, the speech, silence (for the VAD to hear it end)."""
     silence = np.zeros(int(lead_s * RATE), np.int16), np.zeros(int(tail_s * RATE), np.int16)

@@ -65,11 +65,6 @@ class AudioBuffer:
         self.chunks.append(samples)
         self.size += len(samples)
 
-    def peek(self, start: int, end: int) -> np.ndarray:
-        """The samples between session positions `start` and `end`, left in the buffer."""
-        whole = np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.float32)
-        return whole[max(0, start - self.start) : max(0, end - self.start)]
-
     def take(self, start: int | None = None, end: int | None = None) -> np.ndarray:
         """The samples between session positions `start` and `end` (default: all); everything before `end`
         leaves the buffer."""

@@ -55,10 +55,6 @@ class Conversation:
         self.items.append(item)
         return previous
 
-    def discard(self, *items: Item | None) -> None:
-        """Takes `items` (those of a withdrawn turn) out again."""
-        self.items = [item for item in self.items if not any(item is other for other in items)]
-
     async def prompt(self, instructions: str | None, hears_audio: bool) -> ChatPrompt:
         """The chat prompt of the whole conversation: a user's audio as audio for a model that hears it,
         else as its transcript (waiting for it)."""

@@ -6,11 +6,6 @@ validated first (`events.py`); a bad event gets an `error` event and changes not
 that starts while a response is being made or played cancels it and clears its audio (barge-in), and the end
 of speech commits the buffer and asks for a response. A session whose client sends nothing while nothing is
 being answered is closed after the idle timeout.
-
-The end of speech is eager (`turn.py`): the committed segment is [speech start - prefix padding, first quiet
-sample + the VAD's fixed tail] (`vad.py`; `audio_end_ms` is its end), so the work on it (commit, transcript,
-response) starts when that tail has been heard, with its events held until the silence lasts
-`silence_duration_ms`; speech that resumes earlier, or any client event but an append, withdraws it.
 """
 
 from __future__ import annotations
@@ -38,7 +33,6 @@ from omnistage.serving.realtime.events import (
     validated,
 )
 from omnistage.serving.realtime.response import Response
-from omnistage.serving.realtime.turn import PendingTurn, Send
 from omnistage.serving.realtime.vad import SpeechDetector
 from omnistage.serving.served import ServedModel
 
@@ -57,7 +51,6 @@ class RealtimeSession:
         self.speech_start = 0
         self.conversation = Conversation()
         self.response: Response | None = None
-        self.pending: PendingTurn | None = None  # the turn ended early, until the VAD confirms the stop
         self.background: set[asyncio.Task] = set()
         self.send_lock = asyncio.Lock()
         self._reset_vad()
@@ -115,8 +108,6 @@ class RealtimeSession:
 
     async def _handle(self, event: dict[str, Any]) -> None:
         kind = event["type"]
-        if kind != "input_audio_buffer.append":
-            await self._withdraw()  # the client acts on the session as it has seen it
         if kind == "session.update":
             self._update(event.get("session"))
             await self.send("session.updated", session=self.config.public(self.id))
@@ -191,43 +182,15 @@ class RealtimeSession:
                     item_id=self.speech_item,
                 )
                 await self._barge_in()
-            elif vad_event.kind == "resumed":
-                await self._withdraw()
-            elif self.speech_item is not None and vad_event.kind == "quiet":
-                await self._end_turn(vad_event.position)
-            elif self.speech_item is not None and vad_event.kind == "stopped":
-                if self.pending is None or self.pending.end != vad_event.position:
-                    await self._withdraw()
-                    await self._end_turn(vad_event.position)
-                await self._confirm()
-
-    async def _end_turn(self, end: int) -> None:
-        """Speech went quiet: the turn's work starts on its segment, its events held (`_confirm`)."""
-        turn = self.pending = PendingTurn(self.send, self.speech_start, end)
-        await turn.send("input_audio_buffer.speech_stopped", audio_end_ms=ms(end), item_id=self.speech_item)
-        turn.item = Item(self.speech_item, "user", "input_audio", audio=self.buffer.peek(turn.start, end))
-        await self._add_item(turn.item, committed=True, send=turn.send)
-        detection = self.config.audio.input.turn_detection
-        if detection is not None and detection.create_response and not self._responding():
-            turn.previous = self.response
-            await self._respond(ResponseOptions(), send=turn.send)
-            turn.response = self.response
-
-    async def _confirm(self) -> None:
-        """The silence held: the segment leaves the buffer and the client sees the turn's events."""
-        turn, self.pending, self.speech_item = self.pending, None, None
-        self.buffer.take(turn.start, turn.end)
-        await turn.send.release()
-
-    async def _withdraw(self) -> None:
-        """Speech resumed (or the client acted) before the stop: the early turn is undone, unseen."""
-        turn, self.pending = self.pending, None
-        if turn is None:
-            return
-        await turn.cancel()
-        self.conversation.discard(turn.item, turn.response.item if turn.response else None)
-        if turn.response is not None and self.response is turn.response:
-            self.response = turn.previous
+            elif self.speech_item is not None:
+                item_id, self.speech_item = self.speech_item, None
+                await self.send(
+                    "input_audio_buffer.speech_stopped", audio_end_ms=ms(vad_event.position), item_id=item_id
+                )
+                await self._commit(self.buffer.take(self.speech_start, vad_event.position), item_id)
+                turn = self.config.audio.input.turn_detection
+                if turn is not None and turn.create_response and not self._responding():
+                    await self._respond(ResponseOptions())
 
     async def _barge_in(self) -> None:
         """Speech while a response is made or played: it is cancelled and its audio cleared."""
@@ -248,19 +211,18 @@ class RealtimeSession:
         item = Item(item_id or new_id("item"), "user", "input_audio", audio=samples)
         await self._add_item(item, committed=True)
 
-    async def _add_item(self, item: Item, committed: bool = False, send: Send | None = None) -> None:
-        send = send or self.send
+    async def _add_item(self, item: Item, committed: bool = False) -> None:
         if item.kind == "input_audio":
             wanted = self.config.audio.input.transcription
             if wanted is not None or not self.hears_audio:
-                item.heard = self._transcribe(item, wanted, send)
+                item.heard = self._transcribe(item, wanted)
         previous = self.conversation.add(item)
         if committed:
-            await send("input_audio_buffer.committed", previous_item_id=previous, item_id=item.id)
-        await send("conversation.item.added", previous_item_id=previous, item=item.public("in_progress"))
-        await send("conversation.item.done", previous_item_id=previous, item=item.public())
+            await self.send("input_audio_buffer.committed", previous_item_id=previous, item_id=item.id)
+        await self.send("conversation.item.added", previous_item_id=previous, item=item.public("in_progress"))
+        await self.send("conversation.item.done", previous_item_id=previous, item=item.public())
 
-    def _transcribe(self, item: Item, wanted: Any, send: Send) -> asyncio.Future:
+    def _transcribe(self, item: Item, wanted: Any) -> asyncio.Future:
         async def run() -> str:
             try:
                 text = await transcription.transcribe(self.ctx, wanted, item.audio)
@@ -270,7 +232,7 @@ class RealtimeSession:
                     error["message"] = exc.message
                 else:
                     logger.exception("realtime transcription of %s failed", item.id)
-                await send(
+                await self.send(
                     "conversation.item.input_audio_transcription.failed",
                     item_id=item.id,
                     content_index=0,
@@ -278,7 +240,7 @@ class RealtimeSession:
                 )
                 raise
             item.text = text
-            await send(
+            await self.send(
                 "conversation.item.input_audio_transcription.completed",
                 item_id=item.id,
                 content_index=0,
@@ -319,7 +281,7 @@ class RealtimeSession:
     def _responding(self) -> bool:
         return self.response is not None and self.response.task is not None and not self.response.task.done()
 
-    async def _respond(self, options: ResponseOptions, send: Send | None = None) -> None:
+    async def _respond(self, options: ResponseOptions) -> None:
         if self._responding():
             raise BadEvent(
                 f"a response ({self.response.id}) is in progress; cancel it or wait for response.done",
@@ -333,7 +295,7 @@ class RealtimeSession:
         response = Response(self.config, options, self.hears_audio)
         self.response = response
         response.task = asyncio.ensure_future(
-            response.run(self.model, self.ctx, self.conversation, send or self.send)
+            response.run(self.model, self.ctx, self.conversation, self.send)
         )
         response.task.add_done_callback(lambda t: t.cancelled() or t.exception())
 

@@ -3,12 +3,6 @@
 Speech starts at the first 32 ms window whose speech probability reaches the threshold and stops once
 `silence_duration_ms` have stayed under it (less 0.15, silero's own hysteresis). The model sees 16 kHz:
 each 768-sample window of the API's 24 kHz audio is resampled to its 512 samples.
-
-Eager end of turn: a turn's segment is [speech start - prefix padding, first quiet sample + TAIL_MS] (TAIL_MS
-rounded up to whole windows, at most the silence), so it does not depend on when the stop is declared. Once
-the tail has been heard the detector says `quiet` with that end: the session can start on the segment while
-the silence is still being waited for; `resumed` (speech back before the stop) withdraws it, `stopped` (the
-same end) confirms it.
 """
 
 from __future__ import annotations
@@ -27,7 +21,6 @@ WINDOW = 512  # samples at 16 kHz
 STEP = WINDOW * SAMPLE_RATE // VAD_RATE  # the same 32 ms at 24 kHz
 CONTEXT = 64
 HYSTERESIS = 0.15
-TAIL_MS = 96  # of quiet kept after speech: Whisper hears the last syllable fade (3 windows)
 
 
 @functools.cache
@@ -41,27 +34,19 @@ def silero_session() -> Any:
     return onnxruntime.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
 
 
-def _windows(samples: int) -> int:
-    """`samples` rounded up to whole windows, at least one."""
-    return max(1, -(-samples // STEP)) * STEP
-
-
 @dataclasses.dataclass
 class VadEvent:
-    kind: str  # "started" | "quiet" | "resumed" | "stopped"
-    position: int  # session position in samples: where speech (with its prefix padding) began, or where the
-    # segment ends (quiet, stopped: the first quiet sample + the tail), or where speech came back (resumed)
+    kind: str  # "started" | "stopped"
+    position: int  # session position in samples: where speech (with its prefix padding) began, or ended
 
 
 class SpeechDetector:
-    """Feeds 24 kHz samples in any chunking; returns the speech events (start, quiet, resumed, stop) they
-    complete."""
+    """Feeds 24 kHz samples in any chunking; returns the speech starts and stops they complete."""
 
     def __init__(self, threshold: float, prefix_padding_ms: int, silence_duration_ms: int, position: int = 0):
         self.threshold = threshold
         self.prefix = prefix_padding_ms * SAMPLE_RATE // 1000
         self.silence = silence_duration_ms * SAMPLE_RATE // 1000
-        self.tail = min(_windows(TAIL_MS * SAMPLE_RATE // 1000), _windows(self.silence))
         self.position = position  # session position of the first sample not yet run
         self.pending = np.zeros(0, np.float32)
         self.state = np.zeros((2, 1, 128), np.float32)
@@ -80,15 +65,11 @@ class SpeechDetector:
                 self.speaking, self.quiet_since = True, None
                 events.append(VadEvent("started", max(0, start - self.prefix)))
             elif self.speaking and prob < self.threshold - HYSTERESIS:
-                quiet = self.quiet_since = start if self.quiet_since is None else self.quiet_since
-                if self.position - quiet == self.tail:
-                    events.append(VadEvent("quiet", quiet + self.tail))
-                if self.position - quiet >= self.silence:
+                self.quiet_since = start if self.quiet_since is None else self.quiet_since
+                if self.position - self.quiet_since >= self.silence:
                     self.speaking, self.quiet_since = False, None
-                    events.append(VadEvent("stopped", quiet + self.tail))
+                    events.append(VadEvent("stopped", self.position))
             elif self.speaking:
-                if self.quiet_since is not None and start - self.quiet_since >= self.tail:
-                    events.append(VadEvent("resumed", start))
                 self.quiet_since = None
         return events
 
