@@ -158,17 +158,13 @@ class Orchestrator:
         deadline = time.monotonic() + self.startup_timeout
         while not all(c.ready for c in self._clients()):
             for c in self._clients():
-                if not c.ready and not c.dead and (reason := self._exit_reason(c)) is not None:
+                if not c.ready and not c.dead and (reason := c.exit_reason()) is not None:
                     c.dead = True
                     self._startup_errors.append(f"{c.label}: {reason} during start-up:\n{c.log_tail()}")
             if self._startup_errors:
                 raise StageError("; ".join(self._startup_errors), stage_id=None, stage_name="start-up")
             if time.monotonic() > deadline:
-                waiting = [
-                    f"{c.label} ({c.describe_wait() if isinstance(c, RayStageClient) else 'no Ready yet'})"
-                    for c in self._clients()
-                    if not c.ready
-                ]
+                waiting = [f"{c.label} ({c.describe_wait()})" for c in self._clients() if not c.ready]
                 raise StageError(f"stages not ready after {self.startup_timeout:.0f} s: {', '.join(waiting)}")
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
@@ -482,18 +478,8 @@ class Orchestrator:
             if self._closed:  # closing stops every stage: an exit from now on is no death
                 return
             for client in self._clients():
-                if client.ready and not client.dead and (reason := self._exit_reason(client)) is not None:
+                if client.ready and not client.dead and (reason := client.exit_reason()) is not None:
                     self._on_death(client, reason)
-
-    @staticmethod
-    def _exit_reason(client: StageClient) -> str | None:
-        """Why a replica's process or actor is gone, or None while it runs."""
-        if isinstance(client, ProcessStageClient):
-            code = client.proc.poll() if client.proc is not None else None
-            return None if code is None else f"process {client.pid} exited with code {code}"
-        if isinstance(client, RayStageClient):
-            return client.exit_reason()
-        return None
 
     def _on_death(self, client: StageClient, reason: str) -> None:
         client.dead = True
@@ -523,7 +509,7 @@ class Orchestrator:
                             "ready": c.ready,
                             "pid": c.pid,
                             "load": c.load,
-                            **({"node": c.node} if isinstance(c, RayStageClient) else {}),
+                            **c.placement(),
                         }
                         for c in pool.replicas
                     ],
@@ -537,7 +523,7 @@ class Orchestrator:
         requests already failed stay failed, new ones may bind to it."""
         pool = self.pools[stage_id]
         old = pool.replica(replica)
-        if old.alive and self._exit_reason(old) is None:
+        if old.alive and old.exit_reason() is None:
             raise StageError(f"{old.label} is alive: only a dead replica is restarted", stage_id=stage_id)
         await asyncio.to_thread(old.close)
         slot = old.board_seat.slot if old.board_seat else 0
@@ -546,7 +532,7 @@ class Orchestrator:
         client.start()
         deadline = time.monotonic() + self.startup_timeout
         while not client.ready:
-            reason = self._exit_reason(client)
+            reason = client.exit_reason()
             if client.dead or reason is not None or time.monotonic() > deadline:
                 client.dead = True
                 raise StageError(

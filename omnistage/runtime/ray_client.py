@@ -172,6 +172,9 @@ class RayStageClient(StageClient):
                 self._describe = None
         return self._node
 
+    def placement(self) -> dict[str, Any]:
+        return {"node": self.node}
+
     def describe_wait(self) -> str:
         """Why it may not be ready: an actor waits for a node that has what it asks for."""
         asks = {"CPU": 1 if self.deploy.num_cpus is None else self.deploy.num_cpus, **self.deploy.resources}

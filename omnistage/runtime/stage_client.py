@@ -67,6 +67,18 @@ class StageClient:
     def alive(self) -> bool:
         return not self.dead
 
+    def exit_reason(self) -> str | None:
+        """Why the replica's process or actor is gone, or None while it runs (or where it cannot tell)."""
+        return None
+
+    def describe_wait(self) -> str:
+        """What a replica that is not ready yet may be waiting for (the start-up timeout names it)."""
+        return "no Ready yet"
+
+    def placement(self) -> dict[str, Any]:
+        """Where the replica runs, for `/health` (a Ray actor names its node)."""
+        return {}
+
     def start(self) -> None:
         raise NotImplementedError
 
@@ -194,6 +206,10 @@ class ProcessStageClient(StageClient):
         self.codec = Codec(ToWorker, connector=connector)
         self.proc: subprocess.Popen | None = None
         self.held: list[Any] | None = None
+
+    def exit_reason(self) -> str | None:
+        code = self.proc.poll() if self.proc is not None else None
+        return None if code is None else f"process {self.pid} exited with code {code}"
 
     def start(self) -> None:
         deploy = dataclasses.replace(self.deploy, engine_args=refs_to_paths(self.deploy.engine_args))
