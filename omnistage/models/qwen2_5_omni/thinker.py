@@ -30,6 +30,20 @@ def thinker_prompt(loaded: Any, prompt: Any) -> tuple[list[int], dict[str, Any]]
     feats = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in feats.items()}
     embeds = _merged_embeddings(model, feats)
     audio_lengths = feats["feature_attention_mask"].sum(-1) if "feature_attention_mask" in feats else None
+    rope = mrope(model, feats, audio_lengths)
+    inputs = {
+        "inputs_embeds": embeds[0],
+        "position_ids": rope["mrope_positions"],
+        "rope_delta": rope["rope_delta"],
+        # Echoed in the first output: the talker continues these positions.
+        "output_data": rope,
+    }
+    return ids[0].tolist(), inputs
+
+
+def mrope(model: Any, feats: dict[str, Any], audio_lengths: torch.Tensor | None) -> dict[str, Any]:
+    """The prompt's multimodal RoPE (the thinker's `get_rope_index`, used the same way by both Qwen omni
+    families): positions of batch row 0 and the delta generated tokens continue from."""
     positions, delta = model.get_rope_index(
         feats["input_ids"],
         feats.get("image_grid_thw"),
@@ -39,15 +53,7 @@ def thinker_prompt(loaded: Any, prompt: Any) -> tuple[list[int], dict[str, Any]]
         audio_lengths,
         feats.get("video_second_per_grid"),
     )
-    rope = {"mrope_positions": positions[:, 0].cpu(), "rope_delta": int(delta.reshape(-1)[0])}
-    inputs = {
-        "inputs_embeds": embeds[0],
-        "position_ids": rope["mrope_positions"],
-        "rope_delta": rope["rope_delta"],
-        # Echoed in the first output: the talker continues these positions.
-        "output_data": rope,
-    }
-    return ids[0].tolist(), inputs
+    return {"mrope_positions": positions[:, 0].cpu(), "rope_delta": int(delta.reshape(-1)[0])}
 
 
 def _merged_embeddings(model: Any, feats: dict[str, Any]) -> torch.Tensor:

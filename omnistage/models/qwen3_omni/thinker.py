@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from omnistage.models.qwen2_5_omni.processor import prompt_to_inputs
-from omnistage.models.qwen2_5_omni.thinker import MEDIA_KEYS, _scatter
+from omnistage.models.qwen2_5_omni.thinker import MEDIA_KEYS, _scatter, mrope
 
 
 @torch.inference_mode()
@@ -54,16 +54,7 @@ def thinker_prompt(loaded: Any, prompt: Any) -> tuple[list[int], dict[str, Any]]
             deepstack = torch.zeros(layers.shape[0], ids.shape[1], layers.shape[2], dtype=embeds.dtype)
         deepstack[:, mask[0].cpu()] = layers.to("cpu", embeds.dtype)
         visual |= mask[0]
-    positions, delta = model.get_rope_index(
-        ids,
-        feats.get("image_grid_thw"),
-        feats.get("video_grid_thw"),
-        feats["attention_mask"],
-        False,
-        audio_lengths,
-        feats.get("video_second_per_grid"),
-    )
-    rope = {"mrope_positions": positions[:, 0].cpu(), "rope_delta": int(delta.reshape(-1)[0])}
+    rope = mrope(model, feats, audio_lengths)
     talker_rope = {
         "audio_feature_lengths": None if audio_lengths is None else audio_lengths.cpu().tolist(),
         **{
