@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -25,23 +24,13 @@ import httpx
 import numpy as np
 from local_server import start_server, stop
 
+from omnistage.bench.datasets import SPOKEN_SENTENCES
+from omnistage.bench.wer import corpus_wer
 from omnistage.demo.whisper import NAME, tiny_en_ct2_dir, whisper_dir
 from omnistage.serving.media import encode_audio, resample
 
 RATE = 16000
 CONCURRENCY = (1, 8)
-SENTENCES = [
-    "The weather is nice today. Please open the door for me.",
-    "Turn left at the next corner; the station is on your right.",
-    "I would like a cup of coffee with a little milk.",
-    "The children played in the garden until the sun went down.",
-    "Please send me the report before the meeting tomorrow.",
-    "She reads a book every night before she goes to sleep.",
-    "The train to the city leaves from the second platform.",
-    "We need to buy bread, eggs and fresh fruit at the market.",
-    "My brother is learning to play the piano this year.",
-    "Could you tell me where the nearest library is?",
-]
 
 
 def clips() -> list[np.ndarray]:
@@ -50,25 +39,8 @@ def clips() -> list[np.ndarray]:
     tts = load_hibari()
     return [
         resample(np.asarray(tts(text, seed=0), dtype=np.float32).reshape(-1), SAMPLE_RATE, RATE)
-        for text in SENTENCES
+        for text in SPOKEN_SENTENCES
     ]
-
-
-def _words(text: str) -> list[str]:
-    return re.findall(r"[a-z']+", text.lower())
-
-
-def wer(references: list[str], hypotheses: list[str]) -> float:
-    errors = total = 0
-    for ref, hyp in zip(references, hypotheses, strict=True):
-        r, h = _words(ref), _words(hyp)
-        row = list(range(len(h) + 1))
-        for i, a in enumerate(r, 1):
-            prev, row[0] = row[0], i
-            for j, b in enumerate(h, 1):
-                prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (a != b))
-        errors, total = errors + row[len(h)], total + len(r)
-    return errors / max(total, 1)
 
 
 async def _server_round(port: int, wavs: list[bytes], concurrency: int) -> tuple[float, list[str]]:
@@ -128,7 +100,7 @@ def main() -> None:
     args = parser.parse_args()
     base = clips()
     audio = [base[i % len(base)] for i in range(args.requests)]
-    refs = [SENTENCES[i % len(base)] for i in range(args.requests)]
+    refs = [SPOKEN_SENTENCES[i % len(base)] for i in range(args.requests)]
     wavs = [encode_audio(a, RATE, "wav")[0] for a in audio]
     seconds = sum(len(a) for a in audio) / RATE
     print(f"workload: {args.requests} clips, {seconds:.1f} s of audio; {os.cpu_count()} cores")
@@ -150,7 +122,8 @@ def main() -> None:
     for c, ((t_ours, x_ours), (t_peer, x_peer)) in results.items():
         a, b = seconds / t_ours, seconds / t_peer
         print(
-            f"{c:>3} {a:>16.1f} {b:>21.1f} {a / b:>5.2f}x {wer(refs, x_ours):>9.3f} {wer(refs, x_peer):>9.3f}"
+            f"{c:>3} {a:>16.1f} {b:>21.1f} {a / b:>5.2f}x "
+            f"{corpus_wer(refs, x_ours):>9.3f} {corpus_wer(refs, x_peer):>9.3f}"
         )
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
+
+from omnistage.bench.wer import word_errors, words
+
+__all__ = ["transcribe", "wer", "word_errors", "words"]
 
 ASR_RATE = 16000
 
@@ -23,21 +25,6 @@ def transcribe(samples: np.ndarray, sample_rate: int) -> str:
     decoder.end_utt()
     hyp = decoder.hyp()
     return hyp.hypstr if hyp else ""
-
-
-def words(text: str) -> list[str]:
-    return re.findall(r"[a-z']+", text.lower())
-
-
-def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:
-    """(edit distance in words, reference length)."""
-    ref, hyp = words(reference), words(hypothesis)
-    row = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        prev, row[0] = row[0], i
-        for j, h in enumerate(hyp, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
-    return row[len(hyp)], len(ref)
 
 
 def wer(reference: str, hypothesis: str) -> float:

@@ -18,6 +18,20 @@ _WORD_TEXT = (
     "table chair summer winter early late open close happy calm slow quick north south island harbor"
 )
 WORDS = tuple(_WORD_TEXT.split())
+# Fixed sentences for speech round trips (a voice says them, a recogniser hears them): plain words, no
+# digits, so scoring needs no more normalising than omnistage/bench/wer.py's.
+SPOKEN_SENTENCES = (
+    "The weather is nice today. Please open the door for me.",
+    "Turn left at the next corner; the station is on your right.",
+    "I would like a cup of coffee with a little milk.",
+    "The children played in the garden until the sun went down.",
+    "Please send me the report before the meeting tomorrow.",
+    "She reads a book every night before she goes to sleep.",
+    "The train to the city leaves from the second platform.",
+    "We need to buy bread, eggs and fresh fruit at the market.",
+    "My brother is learning to play the piano this year.",
+    "Could you tell me where the nearest library is?",
+)
 
 
 @dataclasses.dataclass

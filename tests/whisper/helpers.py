@@ -10,24 +10,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from omnistage.bench.datasets import SPOKEN_SENTENCES
 from omnistage.demo.cache import cached_dir
 from omnistage.demo.whisper import tiny_en_ct2_dir
 
 RATE = 16000
-# Fixed sentences the hibari voice speaks; plain words (no digits), so the normaliser is just lower case and
-# letters (tests/asr.py `words`).
-SENTENCES = [
-    "The weather is nice today. Please open the door for me.",
-    "Turn left at the next corner; the station is on your right.",
-    "I would like a cup of coffee with a little milk.",
-    "The children played in the garden until the sun went down.",
-    "Please send me the report before the meeting tomorrow.",
-    "She reads a book every night before she goes to sleep.",
-    "The train to the city leaves from the second platform.",
-    "We need to buy bread, eggs and fresh fruit at the market.",
-    "My brother is learning to play the piano this year.",
-    "Could you tell me where the nearest library is?",
-]
+SENTENCES = list(SPOKEN_SENTENCES)  # plain words: tests/asr.py's `words` is the whole normaliser
 
 
 def _build_random(path: Path) -> None:
