@@ -150,21 +150,33 @@ def reference_waveforms(
     return _listed(_stored("wavs", model_dir, key, compute, fresh), "wave_")
 
 
+def _clips_key(task: str, model_dir: Path, what: Any, clips: list[torch.Tensor]) -> Any:
+    key = _key(task, model_dir, what)
+    for clip in clips:
+        key.update(clip.float().numpy().tobytes())
+    return key
+
+
+def _call_with_clips(
+    task: str, model_dir: Path, requests: list[dict[str, Any]], clips: list[torch.Tensor]
+) -> dict[str, Any]:
+    """The reference's `task` on `requests` with their reference `clips` (files in and out of its venv)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        spec, audio, out = Path(tmp) / "requests.json", Path(tmp) / "clips.pt", Path(tmp) / "out.pt"
+        spec.write_text(json.dumps(requests))
+        torch.save([c.float() for c in clips], audio)
+        call_reference(task, str(model_dir), str(spec), str(audio), str(out))
+        return torch.load(out)
+
+
 def reference_clone(
     model_dir: Path, requests: list[dict[str, Any]], clips: list[torch.Tensor], fresh: bool = False
 ) -> dict[str, list[torch.Tensor]]:
     """Base x-vector-only cloning in the reference: {"xvectors": [[enc_dim]], "codes": [[T, 16]]}."""
-    key = _key("clone", model_dir, requests)
-    for clip in clips:
-        key.update(clip.float().numpy().tobytes())
+    key = _clips_key("clone", model_dir, requests, clips)
 
     def compute() -> dict[str, Any]:
-        with tempfile.TemporaryDirectory() as tmp:
-            spec, audio, out = Path(tmp) / "requests.json", Path(tmp) / "clips.pt", Path(tmp) / "out.pt"
-            spec.write_text(json.dumps(requests))
-            torch.save([c.float() for c in clips], audio)
-            call_reference("clone", str(model_dir), str(spec), str(audio), str(out))
-            got = torch.load(out)
+        got = _call_with_clips("clone", model_dir, requests, clips)
         arrays = {f"xvector_{i}": x.float().numpy() for i, x in enumerate(got["xvectors"])}
         return arrays | {f"codes_{i}": c.to(torch.int16).numpy() for i, c in enumerate(got["codes"])}
 
@@ -182,17 +194,10 @@ def reference_icl(
     """Base in-context cloning in the reference (`generate_voice_clone` without x_vector_only_mode): each
     clip's codes ("ref_codes", [R, 16]) and greedy codes ("codes"), with `waveforms` also the waveform of
     clip codes + codes with the clip's share cut ("wavs")."""
-    key = _key("icl", model_dir, [requests, waveforms])
-    for clip in clips:
-        key.update(clip.float().numpy().tobytes())
+    key = _clips_key("icl", model_dir, [requests, waveforms], clips)
 
     def compute() -> dict[str, Any]:
-        with tempfile.TemporaryDirectory() as tmp:
-            spec, audio, out = Path(tmp) / "requests.json", Path(tmp) / "clips.pt", Path(tmp) / "out.pt"
-            spec.write_text(json.dumps(requests))
-            torch.save([c.float() for c in clips], audio)
-            call_reference("icl", str(model_dir), str(spec), str(audio), str(out))
-            got = torch.load(out)
+        got = _call_with_clips("icl", model_dir, requests, clips)
         arrays = {f"ref_codes_{i}": c.to(torch.int16).numpy() for i, c in enumerate(got["ref_codes"])}
         arrays |= {f"codes_{i}": c.to(torch.int16).numpy() for i, c in enumerate(got["codes"])}
         if waveforms:

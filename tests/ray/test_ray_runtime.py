@@ -145,9 +145,11 @@ async def test_killed_actor_fails_only_its_requests_and_a_restarted_replica_serv
         return [out async for out in gen][-1]
 
     victims = [rid for rid, r in bound.items() if r == 0]
-    await wait_until_async(
-        lambda: asyncio.sleep(0, all(rid not in orch.requests for rid in victims)), 60, "victims failed"
-    )
+
+    async def victims_failed() -> bool:
+        return all(rid not in orch.requests for rid in victims)
+
+    await wait_until_async(victims_failed, 60, "victims failed")
     open_gate(gates, "kill")
     finals = dict(zip(bound, await asyncio.gather(*(rest(g) for g in gens)), strict=True))
     for rid, final in finals.items():
