@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import io
 import json
 import statistics
@@ -27,11 +26,13 @@ import time
 import httpx
 import numpy as np
 import soundfile as sf
-import websockets
 from local_server import start_server, stop
 
+from omnistage.bench.backends import sender
+from omnistage.bench.datasets import BenchRequest
+
 RATE = 24000
-CHUNK_S = 0.02
+REALTIME = sender("realtime")
 CHAT, VOICE, WHISPER = "smollm2-135m-instruct", "hibari-en", "whisper-tiny.en"
 QUESTIONS = [
     "What is the capital of France?",
@@ -47,44 +48,16 @@ def wav(samples: np.ndarray) -> bytes:
     return out.getvalue()
 
 
-async def realtime_turn(url: str, speech: np.ndarray, args: argparse.Namespace) -> float:
-    """Seconds from the last speech sample sent to the first response audio."""
+async def realtime_turn(client: httpx.AsyncClient, speech: np.ndarray, args: argparse.Namespace) -> float:
+    """Seconds from the last speech sample sent to the first response audio: one turn of `omnistage bench
+    serve --backend realtime` with server VAD (speech streamed in real time, then silence)."""
     turn_detection = {"type": "server_vad", "silence_duration_ms": args.silence_ms}
-    session = {
-        "type": "realtime",
-        "temperature": 0.0,
-        "max_output_tokens": args.max_tokens,
-        "audio": {"input": {"turn_detection": turn_detection}},
-    }
-    turn = np.concatenate([np.zeros(RATE // 5, np.int16), speech, np.zeros(RATE * 2, np.int16)])
-    step = int(CHUNK_S * RATE)
-    speech_end = RATE // 5 + len(speech)
-    ws_url = url.replace("http://", "ws://", 1)
-    async with websockets.connect(f"{ws_url}/v1/realtime?model={CHAT}", max_size=None) as ws:
-        await ws.send(json.dumps({"type": "session.update", "session": session}))
-        marks: dict[str, float] = {}
-
-        async def send_audio() -> None:
-            began = time.perf_counter()
-            for i in range(0, len(turn), step):
-                chunk = base64.b64encode(turn[i : i + step].astype("<i2").tobytes()).decode()
-                await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
-                if i <= speech_end < i + step:
-                    marks["end"] = time.perf_counter()
-                await asyncio.sleep(max(0.0, began + (i + step) / RATE - time.perf_counter()))  # real time
-
-        sender = asyncio.ensure_future(send_audio())
-        try:
-            async for message in ws:
-                event = json.loads(message)
-                if event["type"] == "response.output_audio.delta":
-                    first = time.perf_counter()
-                    break
-                if event["type"] in ("error", "response.done"):
-                    raise SystemExit(f"realtime turn failed: {event}")
-        finally:
-            sender.cancel()
-    return first - marks["end"]
+    extra = {"temperature": 0.0, "audio": {"input": {"turn_detection": turn_detection}}}
+    request = BenchRequest("", 0, args.max_tokens, audio=speech.astype("<i2").tobytes())
+    out = await REALTIME(client, CHAT, request, extra)
+    if not out.success or out.audio_ttfp_s is None:
+        raise SystemExit(f"realtime turn failed: {out.error or 'no audio'}")
+    return out.audio_ttfp_s
 
 
 async def http_turn(client: httpx.AsyncClient, speech: np.ndarray, args: argparse.Namespace) -> float:
@@ -115,10 +88,10 @@ async def level(url: str, questions: list[np.ndarray], clients: int, args: argpa
     realtime, http = [], []
     async with httpx.AsyncClient(base_url=url, timeout=300) as client:
         await http_turn(client, questions[0], args)  # warm up both paths
-        await realtime_turn(url, questions[0], args)
+        await realtime_turn(client, questions[0], args)
         for r in range(args.rounds):
             picks = [questions[(r + c) % len(questions)] for c in range(clients)]
-            realtime += await asyncio.gather(*(realtime_turn(url, q, args) for q in picks))
+            realtime += await asyncio.gather(*(realtime_turn(client, q, args) for q in picks))
             http += await asyncio.gather(*(http_turn(client, q, args) for q in picks))
     rt, ht = statistics.median(realtime), statistics.median(http)
     turns = len(realtime)

@@ -13,18 +13,23 @@ import base64
 import io
 import json
 import time
+import urllib.parse
 import wave
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
+import websockets
 
 from omnistage.bench.datasets import BenchRequest
 from omnistage.bench.metrics import RequestOutput
 
-BACKENDS = ("chat", "completions", "speech", "chat-audio", "images", "videos")
+BACKENDS = ("chat", "completions", "speech", "chat-audio", "images", "videos", "realtime")
 PCM_RATE = 24000  # an audio delta without a declared rate is PCM16 mono at 24 kHz (the OpenAI default)
 VIDEO_POLL_S = 0.05
+REALTIME_CHUNK_S = 0.02  # one microphone packet of a live caller
+REALTIME_LEAD_S = 0.2  # silence before the speech: a voice activity detector hears it start
+REALTIME_TAIL_MAX_S = 10.0  # silence streamed after the speech while no response has started
 
 Sender = Callable[[httpx.AsyncClient, str, BenchRequest, dict[str, Any]], Awaitable[RequestOutput]]
 
@@ -42,9 +47,17 @@ def sender(backend: str) -> Sender:
         try:
             await send(client, model, request, extra, out, start)
             out.success = not out.error
-        except (httpx.HTTPError, ValueError, KeyError, TypeError, OSError) as exc:
+        except (
+            httpx.HTTPError,
+            websockets.WebSocketException,
+            ValueError,
+            KeyError,
+            TypeError,
+            OSError,
+        ) as exc:
             out.error = f"{type(exc).__name__}: {exc}"
-        out.latency_s = time.perf_counter() - start
+            out.latency_s = 0.0
+        out.latency_s = out.latency_s or time.perf_counter() - start  # realtime stamps its own turn end
         return out
 
     return guarded
@@ -254,6 +267,137 @@ async def _videos(
         out.error = "empty video file"
 
 
+def realtime_session(request: BenchRequest, extra: dict[str, Any]) -> dict[str, Any]:
+    """The `session.update` of one realtime request: no turn detection (the client ends the turn) and the
+    request's output length, with `--extra-body` merged in key by key (it may turn server VAD on)."""
+    session: dict[str, Any] = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+    if request.output_len:
+        session["max_output_tokens"] = request.output_len
+    return merged(session, extra)
+
+
+def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        both_dicts = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = merged(out[key], value) if both_dicts else value
+    return out
+
+
+async def _realtime(
+    client: httpx.AsyncClient,
+    model: str,
+    request: BenchRequest,
+    extra: dict[str, Any],
+    out: RequestOutput,
+    start: float,
+) -> None:
+    """One WebSocket `/v1/realtime` session per request: the prompt is the user's turn (its audio when the
+    dataset has audio, else the text as an item), then one response is read to `response.done`.
+
+    The clock starts when the user's turn ends, so TTFT and TTFP are turn latencies: at `response.create`
+    for text; at the commit for audio without turn detection (sent as fast as the socket takes it); with
+    server VAD at the last speech sample, the audio streamed in real time and followed by silence until the
+    response starts, so the detector's silence wait counts, as a caller would hear it."""
+    session = realtime_session(request, extra)
+    vad = (session.get("audio") or {}).get("input", {}).get("turn_detection") is not None
+    base = str(client.base_url).rstrip("/").replace("http", "ws", 1)
+    url = f"{base}/v1/realtime?{urllib.parse.urlencode({'model': model})}"
+    timeout = client.timeout.read
+    async with asyncio.timeout(timeout), websockets.connect(url, max_size=None, open_timeout=timeout) as ws:
+
+        async def send(kind: str, **fields: Any) -> None:
+            await ws.send(json.dumps({"type": kind, **fields}))
+
+        await send("session.update", session=session)
+        await _next_event(ws, "session.updated")
+        turn_end: list[float] = []  # stamped once the turn has ended
+        started = asyncio.Event()  # the response has begun: no more silence to stream
+        speaker = None
+        if request.audio is None:
+            content = [{"type": "input_text", "text": request.prompt}]
+            await send(
+                "conversation.item.create", item={"type": "message", "role": "user", "content": content}
+            )
+        elif not vad:
+            for chunk in _pcm_chunks(request.audio):
+                await send("input_audio_buffer.append", audio=chunk)
+            await send("input_audio_buffer.commit")
+        else:
+            speaker = asyncio.create_task(_speak_live(send, request.audio, turn_end, started))
+        if speaker is None:
+            await send("response.create")
+            turn_end.append(time.perf_counter())
+        try:
+            await _read_response(ws, out, turn_end, started)
+        finally:
+            if speaker is not None:
+                speaker.cancel()
+
+
+async def _next_event(ws: Any, wanted: str) -> dict[str, Any]:
+    async for message in ws:
+        event = json.loads(message)
+        if event.get("type") == "error":
+            raise ValueError(f"error event: {(event.get('error') or {}).get('message', event)}")
+        if event.get("type") == wanted:
+            return event
+    raise ValueError(f"the socket closed before {wanted}")
+
+
+async def _read_response(ws: Any, out: RequestOutput, turn_end: list[float], started: asyncio.Event) -> None:
+    """Stamps the response's transcript/text deltas (TTFT, ITL) and audio deltas (TTFP) from the turn's end,
+    and its usage and latency at `response.done`; an `error` event or a failed response is the error."""
+    chunks = 0
+    async for message in ws:
+        event = json.loads(message)
+        kind = event.get("type", "")
+        origin = turn_end[0] if turn_end else time.perf_counter()
+        if kind == "error":
+            out.error = str((event.get("error") or {}).get("message", event))
+            return
+        if kind == "response.created":
+            started.set()
+        elif kind in ("response.output_audio_transcript.delta", "response.output_text.delta"):
+            if event.get("delta"):
+                chunks += 1
+                text_delta(out, origin, event["delta"])
+        elif kind == "response.output_audio.delta" and event.get("delta"):
+            audio_delta(out, origin, len(base64.b64decode(event["delta"])) / 2 / PCM_RATE)
+        elif kind == "response.done":
+            response = event.get("response") or {}
+            if response.get("status") not in ("completed", "incomplete"):  # incomplete: max_output_tokens
+                out.error = f"response {response.get('status')}: {response.get('status_details')}"
+            _usage(out, response.get("usage"), chunks)
+            out.latency_s = time.perf_counter() - origin
+            return
+    out.error = "the socket closed before response.done"
+
+
+def _pcm_chunks(pcm: bytes) -> list[str]:
+    step = int(REALTIME_CHUNK_S * PCM_RATE) * 2
+    return [base64.b64encode(pcm[i : i + step]).decode() for i in range(0, len(pcm), step)]
+
+
+async def _speak_live(
+    send: Callable[..., Awaitable[None]], pcm: bytes, turn_end: list[float], started: asyncio.Event
+) -> None:
+    """Streams silence, the speech, then silence, in real time (as a microphone would), stamping the turn's
+    end when the speech's last chunk is sent; the silence stops once the response has begun."""
+    silence = base64.b64encode(bytes(int(REALTIME_CHUNK_S * PCM_RATE) * 2)).decode()
+    lead = [silence] * round(REALTIME_LEAD_S / REALTIME_CHUNK_S)
+    speech = _pcm_chunks(pcm)
+    tail = [silence] * round(REALTIME_TAIL_MAX_S / REALTIME_CHUNK_S)
+    began = time.perf_counter()
+    for i, chunk in enumerate(lead + speech + tail):
+        if i >= len(lead) + len(speech) and started.is_set():
+            return
+        await send("input_audio_buffer.append", audio=chunk)
+        if i == len(lead) + len(speech) - 1:
+            turn_end.append(time.perf_counter())
+        await asyncio.sleep(max(0.0, began + (i + 1) * REALTIME_CHUNK_S - time.perf_counter()))
+
+
 SENDERS = {
     "chat": _chat,
     "completions": _completions,
@@ -261,4 +405,5 @@ SENDERS = {
     "chat-audio": _chat_audio,
     "images": _images,
     "videos": _videos,
+    "realtime": _realtime,
 }

@@ -10,7 +10,9 @@ import json
 import random
 from pathlib import Path
 
-DATASETS = ("random", "random-mm", "sharegpt-file", "tts-file")
+DATASETS = ("random", "random-mm", "sharegpt-file", "tts-file", "audio-file")
+AUDIO_RATE = 24000  # the realtime API's PCM16 rate
+AUDIO_SUFFIXES = (".wav", ".flac", ".ogg")
 # Plain English words: every tokenizer splits them into a few tokens, and a voice can say them.
 _WORD_TEXT = (
     "the a small red blue green house river stone light morning evening quiet bright cold warm city road "
@@ -40,6 +42,7 @@ class BenchRequest:
     input_len: int  # words in the prompt (the server's usage gives tokens)
     output_len: int | None = None  # max tokens to ask for (None: the server's default)
     images: list[str] = dataclasses.field(default_factory=list)  # data URLs, for chat backends
+    audio: bytes | None = None  # PCM16 mono at 24 kHz: the spoken turn of the realtime backend
 
 
 def load_dataset(
@@ -64,11 +67,16 @@ def load_dataset(
             for request in requests:
                 request.images = [random_image(rng, *mm_size) for _ in range(mm_images)]
         return requests
-    if name not in ("sharegpt-file", "tts-file"):
+    if name not in ("sharegpt-file", "tts-file", "audio-file"):
         raise ValueError(f"--dataset: unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
     if not path:
         raise ValueError(f"--dataset {name} needs --dataset-path (a local file)")
-    entries = _sharegpt(Path(path), output_len) if name == "sharegpt-file" else _tts_lines(Path(path))
+    if name == "sharegpt-file":
+        entries = _sharegpt(Path(path), output_len)
+    elif name == "tts-file":
+        entries = _tts_lines(Path(path))
+    else:
+        entries = _audio_files(Path(path), output_len)
     if not entries:
         raise ValueError(f"--dataset-path {path}: no usable entries")
     return [dataclasses.replace(entries[i % len(entries)]) for i in range(num_prompts)]
@@ -124,3 +132,56 @@ def _tts_lines(path: Path) -> list[BenchRequest]:
         if text:
             entries.append(BenchRequest(text, len(text.split())))
     return entries
+
+
+def _audio_files(path: Path, output_len: int | None) -> list[BenchRequest]:
+    """Spoken turns: the audio files of a directory (sorted), or those a text file lists one per line
+    (relative to it); each is read, mixed to mono and resampled to 24 kHz PCM16."""
+    if path.is_dir():
+        files = sorted(f for f in path.iterdir() if f.suffix.lower() in AUDIO_SUFFIXES)
+    else:
+        lines = [line.strip() for line in path.read_text().splitlines()]
+        files = [path.parent / line for line in lines if line and not line.startswith("#")]
+    return [BenchRequest(f.stem, 0, output_len, audio=pcm16(*_read_audio(f))) for f in files]
+
+
+def _read_audio(path: Path) -> tuple[object, int]:
+    import soundfile
+
+    try:
+        samples, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
+    except (OSError, RuntimeError) as exc:  # soundfile's LibsndfileError is a RuntimeError
+        raise ValueError(f"--dataset-path: cannot read {path}: {exc}") from None
+    return samples.mean(axis=1), rate
+
+
+def pcm16(samples, rate: int) -> bytes:
+    """Float samples at `rate` as the realtime API's PCM16 mono at 24 kHz."""
+    import numpy as np
+
+    from omnistage.serving.media import resample
+
+    samples = resample(np.ascontiguousarray(samples, dtype=np.float32), rate, AUDIO_RATE)
+    return (np.clip(samples, -1.0, 1.0) * 32767.0).round().astype("<i2").tobytes()
+
+
+async def speak_prompts(client, voice: str, requests: list[BenchRequest], seed: int = 0) -> None:
+    """Gives each request the audio of its prompt, said by the server's `voice` through
+    `/v1/audio/speech` (seeded, one call per distinct prompt) before the run: spoken turns for the realtime
+    backend from any text dataset, without audio files."""
+    import io
+
+    import soundfile
+
+    said: dict[str, bytes] = {}
+    for i, request in enumerate(requests):
+        if request.prompt not in said:
+            body = {"model": voice, "input": request.prompt, "response_format": "wav", "seed": seed + i}
+            response = await client.post("/v1/audio/speech", json=body)
+            if response.status_code != 200:
+                raise ValueError(
+                    f"--speak-prompts-with {voice}: HTTP {response.status_code}: {response.text[:300]}"
+                )
+            samples, rate = soundfile.read(io.BytesIO(response.content), dtype="float32")
+            said[request.prompt] = pcm16(samples, rate)
+        request.audio = said[request.prompt]

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from omnistage.bench.backends import BACKENDS, sender
-from omnistage.bench.datasets import DATASETS, BenchRequest, load_dataset
+from omnistage.bench.datasets import DATASETS, BenchRequest, load_dataset, speak_prompts
 from omnistage.bench.metrics import RequestOutput, parse_slos, percentile, summarize
 from omnistage.bench.stages import StageMonitor
 
@@ -101,7 +101,14 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--random-range-ratio", type=float, default=0.0)
     parser.add_argument("--random-mm-num-images", type=int, default=1)
     parser.add_argument("--random-mm-image-size", default="64x64", help="WIDTHxHEIGHT")
-    parser.add_argument("--extra-body", help="JSON object merged into every request body")
+    parser.add_argument(
+        "--speak-prompts-with",
+        metavar="VOICE",
+        help="realtime: the server's VOICE says each prompt first (/v1/audio/speech); the turns are spoken",
+    )
+    parser.add_argument(
+        "--extra-body", help="JSON object merged into every request body (realtime: into the session)"
+    )
     parser.add_argument("--goodput", help="SLOs, e.g. 'ttft:500 tpot:50 e2el:2000' (ms; rtf unitless)")
     parser.add_argument("--metric-percentiles", default="50,90,99", help="comma-separated")
     parser.add_argument("--num-warmups", type=int, default=0, help="requests sent first, not measured")
@@ -118,9 +125,9 @@ def main(args: argparse.Namespace) -> int:
     except (ValueError, httpx.HTTPError) as exc:  # bad flags, or no server to ask for its models
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(format_summary(result), flush=True)
-    if args.result_file:
+    if args.result_file:  # first: a closed stdout (`| head`) must not lose the figures
         Path(args.result_file).write_text(json.dumps(result, indent=2))
+    print(format_summary(result), flush=True)
     return 130 if result["interrupted"] else 0
 
 
@@ -137,6 +144,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         mm_images=args.random_mm_num_images,
         mm_size=(int(width), int(height or width)),
     )
+    spoken = args.dataset == "audio-file" or args.speak_prompts_with
+    if spoken and args.backend != "realtime":
+        raise ValueError(f"--backend {args.backend} sends text: spoken turns go to --backend realtime")
     extra = json.loads(args.extra_body) if args.extra_body else {}
     slos = parse_slos(args.goodput)
     percentiles = tuple(float(q) for q in args.metric_percentiles.split(",") if q.strip())
@@ -144,6 +154,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=args.base_url, timeout=args.timeout, limits=limits) as client:
         model = args.model or (await client.get("/v1/models")).json()["data"][0]["id"]
+        if args.speak_prompts_with:
+            await speak_prompts(client, args.speak_prompts_with, requests, args.seed)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGINT, stop.set)

@@ -165,6 +165,33 @@ def test_videos(server, tmp_path):
     assert stage_requests(result)["video"] == 2
 
 
+def check_realtime(result: dict, sent: int, max_tokens: int) -> list[dict]:
+    """A realtime turn speaks its answer with the transcript: both clocks start at the turn's end."""
+    ok = check_audio(result, check_run(result, sent))
+    for r in ok:
+        assert 0 < r["ttft_s"] < r["latency_s"] and 1 <= r["output_tokens"] <= max_tokens
+        assert r["prompt_tokens"] > 0
+    assert stage_requests(result) == {"llm": sent, "voice": sent}
+    return ok
+
+
+def test_realtime_text_turns(server, tmp_path):
+    flags = ["--backend", "realtime", "--model", CHAT, "--num-prompts", "2", "--max-concurrency", "2"]
+    result = bench(server, tmp_path, *flags, "--random-output-len", "6", "--random-input-len", "8")
+    check_realtime(result, 2, 6)
+
+
+def test_realtime_spoken_turns_end_by_server_vad(server, tmp_path):
+    """The prompts said by the server's voice are streamed in real time; server VAD ends each turn and
+    starts the response (the client sends no commit or response.create)."""
+    vad = {"audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 300}}}}
+    flags = ["--backend", "realtime", "--model", CHAT, "--num-prompts", "2", "--max-concurrency", "2"]
+    flags += ["--speak-prompts-with", VOICE, "--random-input-len", "5", "--random-output-len", "6"]
+    result = bench(server, tmp_path, *flags, "--extra-body", json.dumps(vad | {"temperature": 0}))
+    assert result["extra_body"]["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+    check_realtime(result, 2, 6)
+
+
 def finished_requests(server: ServerProcess, model: str) -> float:
     text = httpx.get(server.url + "/metrics", timeout=10).text
     return sum(

@@ -22,3 +22,5 @@ def test_bad_flags_are_error_messages(capsys):
     assert "--goodput" in capsys.readouterr().err
     assert cli_main([*flags, "--dataset", "tts-file"]) == 2
     assert "--dataset-path" in capsys.readouterr().err
+    assert cli_main([*flags, "--speak-prompts-with", "hibari-en"]) == 2
+    assert "--backend realtime" in capsys.readouterr().err  # only realtime sends spoken turns

@@ -76,3 +76,29 @@ def test_file_datasets(tmp_path):
     with pytest.raises(ValueError, match="--dataset-path"):
         load_dataset("tts-file", 1)
     assert math.isnan(summarize([], 1.0)["slo_attainment"])
+
+
+def test_audio_file_dataset_is_24k_pcm16(tmp_path):
+    """A directory's clips (sorted) or a list file's, each mixed to mono and resampled to the realtime API's
+    24 kHz PCM16: a 16 kHz stereo second of a tone comes out as one second of mono samples."""
+    import numpy as np
+    import soundfile
+
+    t = np.arange(16000) / 16000
+    tone = 0.5 * np.sin(2 * np.pi * 440 * t)
+    soundfile.write(tmp_path / "b.wav", np.stack([tone, tone], axis=1), 16000)
+    soundfile.write(tmp_path / "a.flac", tone[:8000], 16000)
+    (tmp_path / "notes.txt").write_text("not audio")
+    requests = load_dataset("audio-file", 3, path=str(tmp_path), output_len=5)
+    assert [r.prompt for r in requests] == ["a", "b", "a"] and all(r.output_len == 5 for r in requests)
+    samples = np.frombuffer(requests[1].audio, "<i2") / 32768
+    assert abs(len(samples) - 24000) <= 64
+    spectrum = np.abs(np.fft.rfft(samples))
+    assert abs(np.argmax(spectrum) * 24000 / len(samples) - 440) < 5  # the tone, not noise or a shifted pitch
+    assert 0.45 < np.abs(samples).max() < 0.55
+    listed = tmp_path / "list.txt"
+    listed.write_text("# spoken turns\nb.wav\n")
+    assert load_dataset("audio-file", 1, path=str(listed))[0].audio == requests[1].audio
+    listed.write_text("missing.wav\n")
+    with pytest.raises(ValueError, match="cannot read"):
+        load_dataset("audio-file", 1, path=str(listed))
