@@ -69,6 +69,11 @@ class Limits:
         return dataclasses.replace(self, **overrides)
 
 
+# Speech request fields only some families read (vLLM-Omni's names): task type, voice cloning from an inline
+# clip, the first audio chunk's size.
+SPEECH_OPTIONS = ("task_type", "ref_audio", "ref_text", "x_vector_only_mode", "initial_codec_chunk_frames")
+
+
 @dataclasses.dataclass(frozen=True)
 class Capabilities:
     """The serving contract of one pipeline.
@@ -96,12 +101,18 @@ class Capabilities:
     voices_of: str | None = None
     # The pipeline call argument that takes the length in seconds of generated audio (text-to-audio).
     audio_length_arg: str | None = None
+    # The family options of a speech request (SPEECH_OPTIONS) the model reads from its speech prompt.
+    speech_options: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "routes", tuple(self.routes))
         object.__setattr__(self, "voices", tuple(self.voices))
         object.__setattr__(self, "fields", {k: tuple(v) for k, v in dict(self.fields).items()})
         object.__setattr__(self, "voice_aliases", dict(self.voice_aliases))
+        object.__setattr__(self, "speech_options", tuple(self.speech_options))
+        bad = [o for o in self.speech_options if o not in SPEECH_OPTIONS]
+        if bad:
+            raise ConfigError(f"capabilities: unknown speech option {bad[0]!r} (options: {SPEECH_OPTIONS})")
         bad = [r for r in self.routes if r not in ROUTES]
         if bad:
             raise ConfigError(f"capabilities: unknown route {bad[0]!r} (routes: {', '.join(ROUTES)})")

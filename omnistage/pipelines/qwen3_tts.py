@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from omnistage.config.capabilities import Capabilities
+from omnistage.config.capabilities import SPEECH_OPTIONS, Capabilities
 from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
 from omnistage.errors import InvalidRequestError
 from omnistage.outputs import StageOutput, TokenCounts
@@ -58,13 +58,25 @@ def speech_input(ctx: StageInputContext) -> StageRequest:
         field = "initial_codec_chunk_frames"
         raise InvalidRequestError(f"{field}: must be an integer >= 0, got {first!r}", param=field)
     task = loaded.tts_config.get("tts_model_type")
-    speaker, instructions = prompt.get("speaker"), prompt.get("instructions")
-    cloned = prompt.get("uploaded_voice")
-    if (cloned is not None) != (task == "base"):
+    asked = prompt.get("task_type")
+    if asked is not None and asked != TASKS.get(task, task):
         raise InvalidRequestError(
-            f"voice: this checkpoint serves {TASKS.get(task, task)}"
-            + (": it clones an uploaded voice" if task == "base" else "; it cannot clone an uploaded voice"),
-            param="voice",
+            f"task_type: this checkpoint serves {TASKS.get(task, task)}, not {asked}; use task_type="
+            f"{TASKS.get(task, task)!r} or serve the matching checkpoint",
+            param="task_type",
+        )
+    speaker, instructions = prompt.get("speaker"), prompt.get("instructions")
+    cloned = clone_voice(prompt)
+    if (cloned is not None) != (task == "base"):
+        field = "ref_audio" if "ref_audio" in prompt else "voice"
+        raise InvalidRequestError(
+            f"{field}: this checkpoint serves {TASKS.get(task, task)}"
+            + (
+                ": it clones a voice (an uploaded voice or ref_audio)"
+                if task == "base"
+                else "; it cannot clone a voice"
+            ),
+            param=field,
         )
     speaker_embed = ref_codes = ref_ids = None
     if cloned is not None:  # the reference's voice clone takes no instructions
@@ -120,27 +132,59 @@ def _subtalker(loaded: object, params: object) -> dict[str, Any] | None:
     }
 
 
+def clone_voice(prompt: dict) -> dict | None:
+    """The voice a Base request clones: an uploaded voice (read from its file), or the request's own clip
+    (`ref_audio`, its bytes, with `ref_text`); never both. `ref_text` or `x_vector_only_mode` without a clip
+    to go with them is a 400."""
+    uploaded, inline = prompt.get("uploaded_voice"), prompt.get("ref_audio")
+    if uploaded is not None and inline is not None:
+        raise InvalidRequestError(
+            "ref_audio: give ref_audio or an uploaded voice, not both", param="ref_audio"
+        )
+    for field in ("ref_text", "x_vector_only_mode"):
+        if prompt.get(field) is not None and uploaded is None and inline is None:
+            raise InvalidRequestError(f"{field}: needs a voice to clone (ref_audio)", param=field)
+    if inline is None:
+        return uploaded
+    if not isinstance(inline, bytes | bytearray) or not inline:
+        raise InvalidRequestError("ref_audio: needs the bytes of an audio clip", param="ref_audio")
+    return {"name": "ref_audio", "data": bytes(inline), "ref_text": prompt.get("ref_text")}
+
+
 def _in_context(voice: dict | None, prompt: dict) -> bool:
     """Base clones in context when the voice has a transcript, unless the request asks x-vector-only."""
     return voice is not None and bool(voice.get("ref_text")) and not prompt.get("x_vector_only_mode", False)
 
 
 def _voice_entry(owner: object, voice: dict) -> dict:
-    """An uploaded voice's features, kept on `owner` (a stage's loaded model) per voice file (path, mtime,
-    size): its 24 kHz clip first, then whatever the stage derives from it."""
+    """A cloned voice's features, kept on `owner` (a stage's loaded model) per voice file (path, mtime,
+    size) or per inline clip (its hash): its 24 kHz clip first, then whatever the stage derives from it."""
+    import hashlib
     import os
+    from pathlib import Path
 
     import numpy as np
 
     from omnistage.media import decode_audio
     from omnistage.models.qwen3_tts.speaker import SAMPLE_RATE
+    from omnistage.serving.voices import voice_samples
 
     cache = owner.__dict__.setdefault("voice_features", {})
-    stat = os.stat(voice["path"])
-    key = (voice["path"], stat.st_mtime_ns, stat.st_size)
+    if "data" in voice:  # a request's own clip: keyed by its content
+        key = ("ref_audio", hashlib.sha256(voice["data"]).hexdigest())
+    else:
+        stat = os.stat(voice["path"])
+        key = (voice["path"], stat.st_mtime_ns, stat.st_size)
     if key not in cache:
-        with open(voice["path"], "rb") as f:
-            samples, rate = decode_audio(f.read())
+        if "data" not in voice and str(voice["path"]).endswith(".safetensors"):  # the server's voice store
+            samples, rate = voice_samples(voice["path"])
+        else:  # a request's clip, or an audio file given to the offline API
+            data = voice["data"] if "data" in voice else Path(voice["path"]).read_bytes()
+            try:
+                samples, rate = decode_audio(data)
+            except Exception as exc:  # whatever the decoder makes of bytes that are not audio
+                message = f"ref_audio: not a readable audio clip ({exc})"
+                raise InvalidRequestError(message, param="ref_audio") from None
         samples = samples.mean(axis=0) if samples.ndim == 2 else samples
         if rate != SAMPLE_RATE:
             from omnistage.serving.media import resample
@@ -164,7 +208,7 @@ def _voice_features(loaded: object, voice: dict, prompt: dict) -> tuple[torch.Te
 
 def _clip_codes(generator: object, prompt: Any) -> torch.Tensor | None:
     """The codec stage's view: an in-context clone's clip codes (its own encoder, loaded on first use)."""
-    voice = prompt.get("uploaded_voice") if isinstance(prompt, dict) else None
+    voice = clone_voice(prompt) if isinstance(prompt, dict) else None
     if not _in_context(voice, prompt):
         return None
     entry = _voice_entry(generator, voice)
@@ -254,6 +298,7 @@ QWEN3_TTS = registry.register(
             fields={"sampling": (0,), "generation": (1,)},
             voices_of="omnistage.pipelines.qwen3_tts:checkpoint_speakers",
             clones_voices=True,
+            speech_options=SPEECH_OPTIONS,
         ),
     )
 )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from omnistage.config.capabilities import SPEECH_OPTIONS
 from omnistage.errors import InvalidRequestError, OmniError
 from omnistage.outputs import OmniRequestOutput, TokenCounts
 from omnistage.serving.artifacts import audio_of, sample_rate_of
@@ -50,13 +51,17 @@ def check_speech_options(body: SpeechRequest, model: ServedModel) -> None:
         )
     if speeds is None and body.streaming and body.speed != 1.0:
         raise SchemaError("speed: streaming requires speed 1.0", param="speed")
+    for option in SPEECH_OPTIONS:
+        if getattr(body, option) is not None and option not in model.capabilities.speech_options:
+            raise InvalidRequestError(f"{option}: model {model.name!r} does not take {option}", param=option)
 
 
-def speech_request(body: SpeechRequest, model: ServedModel, ctx: ServerContext) -> tuple[Any, list]:
+async def speech_request(body: SpeechRequest, model: ServedModel, ctx: ServerContext) -> tuple[Any, list]:
     """(prompt, per-stage params). A model prompted with text (text-to-audio) gets the input text; any other
     a speech prompt dict (the text as `input` and as a user message, with `speaker`, `instructions`,
-    `language`, an uploaded voice): a chat-capable pipeline (an omni thinker) reads `messages`, a TTS family
-    the rest."""
+    `language`, an uploaded voice, the family options it takes; `ref_audio` as the bytes behind its
+    reference, read within the server's media policy): a chat-capable pipeline (an omni thinker) reads
+    `messages`, a TTS family the rest."""
     caps = model.capabilities
     voice = body.voice_name
     uploaded = ctx.voices.check(model, voice)
@@ -73,6 +78,9 @@ def speech_request(body: SpeechRequest, model: ServedModel, ctx: ServerContext) 
         prompt["uploaded_voice"] = {**reference, "ref_text": uploaded.ref_text}
     if caps.speed_range is not None:  # the model speaks at the asked speed itself
         prompt["speed"] = body.speed
+    prompt.update({o: getattr(body, o) for o in SPEECH_OPTIONS if getattr(body, o) is not None})
+    if body.ref_audio is not None:
+        prompt["ref_audio"], _ = await ctx.media.read(body.ref_audio, param="ref_audio")
     sampling = {**seed, **({"max_tokens": body.max_new_tokens} if body.max_new_tokens is not None else {})}
     params = build_stage_params(
         model,
@@ -141,7 +149,7 @@ async def speak(
     """A whole (non-streamed) speech request: (its final output, the encoded audio, its sample rate).
     Cancelling it aborts the request in every stage (`generate`)."""
     validate_speech(body, model)
-    prompt, params = speech_request(body, model, ctx)
+    prompt, params = await speech_request(body, model, ctx)
     out = await last_output(generate(model, ctx.metrics, prompt, params, request_id, ["audio"]))
     data, rate = encoded_audio(out, body, model)
     return out, data, rate

@@ -53,9 +53,7 @@ class UploadedVoice:
         return {**entry, "ref_text": self.ref_text} if self.ref_text is not None else entry
 
     def samples(self) -> np.ndarray:
-        from safetensors.numpy import load_file
-
-        return load_file(self.path)["audio"]
+        return voice_samples(self.path)[0]
 
     @classmethod
     def read(cls, path: Path) -> UploadedVoice:
@@ -73,6 +71,14 @@ class UploadedVoice:
             path=path,
             ref_text=meta.get("ref_text"),
         )
+
+
+def voice_samples(path: str | Path) -> tuple[np.ndarray, int]:
+    """(samples, sample rate) of an uploaded voice's file: what a stage that clones it reads."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "np") as handle:
+        return handle.get_tensor("audio"), int((handle.metadata() or {})["sample_rate"])
 
 
 class VoiceStore:

@@ -1,7 +1,9 @@
-"""Qwen3-TTS served by `omnistage serve` with its default deploy (both stages as processes, async chunk):
-/v1/audio/speech (plain, SSE, raw stream), its batch and its WebSocket speak the checkpoint's preset voices,
-the same audio by every route for the same greedy request; bad fields answer 400 naming them (an uploaded
-voice on this CustomVoice checkpoint says which task it serves)."""
+"""Qwen3-TTS served by `omnistage serve` with its default deploy (both stages as processes, async chunk), a
+CustomVoice and a Base checkpoint in one server: /v1/audio/speech (plain, SSE, raw stream), its batch and its
+WebSocket speak the preset voices, the same audio by every route for the same greedy request; Base
+clones a request's own clip (`ref_audio`, `ref_text`, `x_vector_only_mode`) exactly as the same clip uploaded;
+`initial_codec_chunk_frames` sizes the first audio chunk; bad fields answer 400 naming them (a task the
+checkpoint does not serve says which one it serves)."""
 
 from __future__ import annotations
 
@@ -27,10 +29,10 @@ GREEDY = [{"temperature": 0.0, "max_tokens": 20}, {}]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    model = tiny_dir("custom_voice")
+    models = [str(tiny_dir("custom_voice")), str(tiny_dir("base"))]
     log = tmp_path_factory.mktemp("qwen3-tts-server") / "server.log"
     voices = tmp_path_factory.mktemp("qwen3-tts-voices")
-    args = ["serve", str(model), "--num-threads", "1", "--voices-dir", str(voices)]
+    args = ["serve", *models, "--num-threads", "1", "--voices-dir", str(voices)]
     proc = ServerProcess(args, log, module="omnistage")
     try:
         proc.wait_healthy(timeout=300)
@@ -147,3 +149,91 @@ def test_bad_inputs_are_400_naming_the_field(http: httpx.Client) -> None:
     cloned = speech(http, voice="mine")
     assert cloned.status_code == 400 and cloned.json()["error"]["param"] == "voice"
     assert "CustomVoice" in cloned.text  # the task this checkpoint serves
+
+
+REF_TEXT = "A short clip to clone."
+
+
+def clip_wav() -> bytes:
+    """1.5 s of a voiced-like signal (harmonics under a syllable envelope) at 24 kHz, as WAV."""
+    t = np.arange(36000) / 24000
+    tone = sum(np.sin(2 * np.pi * 140 * k * t) / k for k in range(1, 6))
+    wav = io.BytesIO()
+    soundfile.write(
+        wav, (0.2 * tone * (0.6 + 0.4 * np.sin(2 * np.pi * 4 * t))).astype(np.float32), 24000, format="WAV"
+    )
+    return wav.getvalue()
+
+
+def base_speech(http: httpx.Client, **fields) -> httpx.Response:
+    body = {"model": tiny_dir("base").name, "input": "Hello there, a test!", "response_format": "pcm"}
+    return http.post("/v1/audio/speech", json={**body, "stage_params": GREEDY, **fields})
+
+
+def upload(http: httpx.Client, name: str, wav: bytes, ref_text: str | None = None) -> None:
+    data = {"name": name, "consent": "yes", **({"ref_text": ref_text} if ref_text else {})}
+    got = http.post("/v1/audio/voices", data=data, files={"audio_sample": (f"{name}.wav", wav, "audio/wav")})
+    assert got.status_code == 200, got.text
+
+
+def test_ref_audio_clones_as_the_same_clip_uploaded(http: httpx.Client) -> None:
+    wav = clip_wav()
+    upload(http, "clip-icl", wav, REF_TEXT)
+    upload(http, "clip-xvec", wav)
+    inline = "data:audio/wav;base64," + base64.b64encode(wav).decode()
+    icl = base_speech(http, ref_audio=inline, ref_text=REF_TEXT)
+    assert icl.status_code == 200, icl.text
+    uploaded = base_speech(http, voice="clip-icl")
+    assert uploaded.status_code == 200, uploaded.text
+    assert icl.content == uploaded.content  # in context: the clip's codes and transcript in the prompt
+    assert icl.content == base_speech(http, ref_audio=inline, ref_text=REF_TEXT, task_type="Base").content
+    audio_tokens = int(icl.headers["x-omnistage-input-audio-tokens"])  # the clip's frames, 1.5 s at 12.5 Hz
+    assert audio_tokens in (18, 19) and audio_tokens == int(
+        uploaded.headers["x-omnistage-input-audio-tokens"]
+    )
+    xvec = base_speech(http, ref_audio=inline, ref_text=REF_TEXT, x_vector_only_mode=True)
+    assert xvec.status_code == 200, xvec.text
+    assert xvec.content == base_speech(http, voice="clip-xvec").content != icl.content  # the embedding only
+    assert int(xvec.headers["x-omnistage-input-audio-tokens"]) == 0
+
+
+def test_initial_codec_chunk_frames_sizes_the_first_audio_chunk(http: httpx.Client) -> None:
+    long = [{"temperature": 0.0, "max_tokens": 20, "min_tokens": 12}, {}]  # more frames than a first chunk
+    fields = {"voice": "vivian", "stage_params": long, "stream": True}
+    for frames in (3, 5):
+        body = {"model": model_name(), "input": "Hello there, a test!", "response_format": "pcm", **fields}
+        deltas = []
+        with http.stream(
+            "POST", "/v1/audio/speech", json={**body, "initial_codec_chunk_frames": frames}
+        ) as reply:
+            assert reply.status_code == 200
+            for line in reply.iter_lines():
+                data = json.loads(line[5:]) if line.startswith("data:") else {}
+                if data.get("type") == "speech.audio.delta":
+                    deltas.append(base64.b64decode(data["audio"]))
+        assert len(deltas[0]) == frames * FRAME * 2  # PCM16: 2 bytes a sample
+        whole = speech(http, voice="vivian", stage_params=long).content
+        assert len(deltas) >= 2 and len(b"".join(deltas)) == len(whole) >= 12 * FRAME * 2
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "fields", "param", "text"),
+    [
+        ("custom_voice", {"voice": "vivian", "task_type": "Base"}, "task_type", "serves CustomVoice"),
+        ("custom_voice", {"voice": "vivian", "task_type": "Other"}, "task_type", ""),
+        ("custom_voice", {"ref_audio": "data:audio/wav;base64,AAAA"}, "ref_audio", "serves CustomVoice"),
+        ("base", {"ref_text": REF_TEXT}, "ref_text", "needs a voice to clone"),
+        ("base", {"x_vector_only_mode": True}, "x_vector_only_mode", "needs a voice to clone"),
+        ("base", {"ref_audio": "data:audio/wav;base64,AAAA"}, "ref_audio", "not a readable audio clip"),
+        ("base", {"ref_audio": "data:audio/wav;base64,@@"}, "ref_audio", "base64"),
+        ("base", {"ref_audio": "/etc/hostname"}, "ref_audio", "--allowed-local-media-path"),
+        ("base", {"ref_audio": "ftp://x/a.wav"}, "ref_audio", "unsupported"),
+        ("base", {"initial_codec_chunk_frames": -1}, "initial_codec_chunk_frames", ""),
+    ],
+)
+def test_bad_clone_and_task_fields_are_400_naming_them(http, checkpoint, fields, param, text) -> None:
+    body = {"model": tiny_dir(checkpoint).name, "input": "Hello there!", "response_format": "pcm", **fields}
+    got = http.post("/v1/audio/speech", json=body)
+    assert got.status_code == 400, got.text
+    error = got.json()["error"]
+    assert error["param"] == param and text in error["message"], error

@@ -27,6 +27,13 @@ CASES = [
     ({"input": "Hello.", "extra_body": {"sample_rate": 100}}, "sample_rate", ""),
     ({"input": "🙂 🙂 🙂"}, "input", "nothing it can say"),  # reaches the voice stage, which refuses it
     ({"input": "Hello.", "model": CHAT_MODEL}, "model", "does not serve /v1/audio/speech"),
+    (
+        {"input": "Hello.", "extra_body": {"ref_audio": "data:audio/wav;base64,AAAA"}},
+        "ref_audio",
+        "does not take",
+    ),
+    ({"input": "Hello.", "extra_body": {"task_type": "Base"}}, "task_type", "does not take task_type"),
+    ({"input": "Hello.", "extra_body": {"task_type": "Clone"}}, "task_type", ""),
 ]
 
 

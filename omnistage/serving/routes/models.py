@@ -36,6 +36,7 @@ def capabilities_block(model: ServedModel, ctx: ServerContext) -> dict[str, Any]
         "voices": speaks.describe()["voices"] if speaks else [],  # with the checkpoint's own
         "speed_range": list(caps.speed_range) if caps.speed_range else None,
         "clones_voices": caps.clones_voices,
+        "speech_options": list(caps.speech_options),
     }
 
 

@@ -47,7 +47,7 @@ async def create_speech(body: SpeechRequest, request: Request, ctx: ServerContex
         headers = {**usage_headers(speech_usage(out)), "x-omnistage-sample-rate": str(rate)}
         return Response(data, media_type=AUDIO_CONTENT_TYPES[body.response_format], headers=headers)
     validate_speech(body, model)
-    prompt, params = speech_request(body, model, ctx)
+    prompt, params = await speech_request(body, model, ctx)
     stream = generate(model, ctx.metrics, prompt, params, request_id, ["audio"])
     (primed,) = await unless_disconnected(request, prime([stream]))
     if body.stream_format == "audio":

@@ -252,7 +252,7 @@ class SpeechSession:
     async def _stream(self, body: Any, model: ServedModel, request_id: str, start: Any, send: Any) -> None:
         """The sentence's audio as the stages make it."""
         validate_speech(body, model)
-        prompt, params = speech_request(body, model, self.ctx)
+        prompt, params = await speech_request(body, model, self.ctx)
         stream = generate(model, self.ctx.metrics, prompt, params, request_id, ["audio"])
         started = False
         async with contextlib.aclosing(stream):
