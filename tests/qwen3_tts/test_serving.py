@@ -18,6 +18,7 @@ import pytest
 import soundfile
 from websockets.sync.client import connect
 
+from tests.polling import wait_until
 from tests.qwen3_tts.reference_outputs import tiny_dir
 from tests.serving.server_process import ServerProcess
 
@@ -237,3 +238,31 @@ def test_bad_clone_and_task_fields_are_400_naming_them(http, checkpoint, fields,
     assert got.status_code == 400, got.text
     error = got.json()["error"]
     assert error["param"] == param and text in error["message"], error
+
+
+def test_disconnect_mid_stream_frees_both_stages(http: httpx.Client, server) -> None:
+    """A client that leaves while the codec streams and the talker still generates: the request is aborted
+    in both stages (the server's abort count), neither holds it afterwards, and the server serves on."""
+    from tests.speech.stages import aborted, metric, wait_idle
+
+    model = model_name()
+    # 4000 frames: minutes of work for the talker (400 took 18 s on a 2-core EPYC), far beyond wait_idle's
+    # bound, so the stages going idle within it means the abort reached them
+    endless = [{"temperature": 0.0, "max_tokens": 4000, "min_tokens": 4000}, {}]
+    body = {"model": model, "input": "Hello there, a test!", "response_format": "pcm", "voice": "vivian"}
+    body |= {"stage_params": endless, "stream": True, "initial_codec_chunk_frames": 2}
+
+    def held(stage_name: str) -> float:
+        return metric(http, "omnistage_stage_requests", model=model, stage_name=stage_name)
+
+    before = aborted(http, model)
+    with (
+        httpx.Client(base_url=server.url, timeout=120) as own,
+        own.stream("POST", "/v1/audio/speech", json=body) as reply,
+    ):
+        lines = reply.iter_lines()  # kept alive: dropping the iterator closes the connection
+        assert any('"speech.audio.delta"' in line for line in lines)  # the codec has spoken
+        wait_until(lambda: held("talker") == 1 and held("codec") == 1, 120, "both stages holding it")
+    wait_idle(http, model)
+    assert aborted(http, model) == before + 1
+    assert speech(http, voice="vivian", stage_params=GREEDY).status_code == 200
