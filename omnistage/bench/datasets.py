@@ -142,37 +142,30 @@ def _audio_files(path: Path, output_len: int | None) -> list[BenchRequest]:
     else:
         lines = [line.strip() for line in path.read_text().splitlines()]
         files = [path.parent / line for line in lines if line and not line.startswith("#")]
-    return [BenchRequest(f.stem, 0, output_len, audio=pcm16(*_read_audio(f))) for f in files]
+    requests = []
+    for f in files:
+        try:
+            audio = realtime_pcm(f.read_bytes())
+        except (OSError, RuntimeError) as exc:  # soundfile's LibsndfileError is a RuntimeError
+            raise ValueError(f"--dataset-path: cannot read {f}: {exc}") from None
+        requests.append(BenchRequest(f.stem, 0, output_len, audio=audio))
+    return requests
 
 
-def _read_audio(path: Path) -> tuple[object, int]:
-    import soundfile
+def realtime_pcm(data: bytes) -> bytes:
+    """An encoded clip (WAV, FLAC, ...) as the realtime API's PCM16 mono at 24 kHz."""
+    from omnistage.media import decode_audio
+    from omnistage.serving.media import pcm16, resample
 
-    try:
-        samples, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
-    except (OSError, RuntimeError) as exc:  # soundfile's LibsndfileError is a RuntimeError
-        raise ValueError(f"--dataset-path: cannot read {path}: {exc}") from None
-    return samples.mean(axis=1), rate
-
-
-def pcm16(samples, rate: int) -> bytes:
-    """Float samples at `rate` as the realtime API's PCM16 mono at 24 kHz."""
-    import numpy as np
-
-    from omnistage.serving.media import resample
-
-    samples = resample(np.ascontiguousarray(samples, dtype=np.float32), rate, AUDIO_RATE)
-    return (np.clip(samples, -1.0, 1.0) * 32767.0).round().astype("<i2").tobytes()
+    samples, rate = decode_audio(data)
+    mono = samples.mean(axis=0) if samples.ndim == 2 else samples
+    return pcm16(resample(mono.astype("float32"), rate, AUDIO_RATE))
 
 
 async def speak_prompts(client, voice: str, requests: list[BenchRequest], seed: int = 0) -> None:
     """Gives each request the audio of its prompt, said by the server's `voice` through
     `/v1/audio/speech` (seeded, one call per distinct prompt) before the run: spoken turns for the realtime
     backend from any text dataset, without audio files."""
-    import io
-
-    import soundfile
-
     said: dict[str, bytes] = {}
     for i, request in enumerate(requests):
         if request.prompt not in said:
@@ -182,6 +175,5 @@ async def speak_prompts(client, voice: str, requests: list[BenchRequest], seed: 
                 raise ValueError(
                     f"--speak-prompts-with {voice}: HTTP {response.status_code}: {response.text[:300]}"
                 )
-            samples, rate = soundfile.read(io.BytesIO(response.content), dtype="float32")
-            said[request.prompt] = pcm16(samples, rate)
+            said[request.prompt] = realtime_pcm(response.content)
         request.audio = said[request.prompt]
