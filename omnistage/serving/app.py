@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import tempfile
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
@@ -54,13 +55,16 @@ def create_app(
 ) -> FastAPI:
     """An app serving `models` (name → runtime, or runtimes named by their `model_name`)."""
     settings = settings or ServerSettings()
+    scratch: list[Path] = []  # directories this app made for itself: removed when it stops
     storage = settings.storage_dir
     if storage is None:
         storage = Path(tempfile.mkdtemp(prefix="omnistage-storage-"))
+        scratch.append(storage)
         logger.warning("no --storage-dir given: video jobs live in %s and do not survive a restart", storage)
     voices_dir = settings.voices_dir
     if voices_dir is None:
         voices_dir = Path(tempfile.mkdtemp(prefix="omnistage-voices-"))
+        scratch.append(voices_dir)
         logger.warning("no --voices-dir given: uploaded voices in %s do not survive a restart", voices_dir)
     served = ServedModels(models)
     ctx = ServerContext(
@@ -78,6 +82,8 @@ def create_app(
         yield
         ctx.state.draining = True
         await videos.cancel_all(ctx)
+        for path in scratch:
+            shutil.rmtree(path, ignore_errors=True)
 
     app = FastAPI(title="omnistage", version=__version__, lifespan=lifespan)
     app.state.omnistage = ctx

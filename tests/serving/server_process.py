@@ -29,11 +29,13 @@ def free_port() -> int:
 class ServerProcess:
     """`python -m tests.serving.launch` (toy pipelines) or `python -m omnistage serve` (model dirs)."""
 
-    def __init__(self, args: list[str], log_path: Path, *, module: str = "tests.serving.launch"):
+    def __init__(
+        self, args: list[str], log_path: Path, *, module: str = "tests.serving.launch", env: dict | None = None
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMNISTAGE_LOG_LEVEL": "WARNING"}
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMNISTAGE_LOG_LEVEL": "WARNING", **(env or {})}
         command = [sys.executable, "-m", module, *args, "--port", str(self.port)]
         self.log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(

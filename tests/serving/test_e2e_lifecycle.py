@@ -130,9 +130,12 @@ def _running(pid: int) -> bool:
 
 def test_sigterm_to_the_server_group_stops_every_stage_quietly(tmp_path):
     """As a terminal's Ctrl-C or a service manager sends it, the signal reaches the server's whole process
-    group. The server drains, stops its stages itself, logs none of them as dead, leaves nothing behind."""
+    group. The server drains, stops its stages itself, logs none of them as dead, leaves nothing behind: no
+    process, no shared memory segment, no temporary directory (the stages' IPC sockets live in one)."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     args = toy_server_args("toy-omni", storage_dir=tmp_path / "storage", extra=["--placement", "process"])
-    server = ServerProcess(args, tmp_path / "server.log")
+    server = ServerProcess(args, tmp_path / "server.log", env={"TMPDIR": str(scratch)})
     try:
         server.wait_healthy(timeout=180)
         with httpx.Client(base_url=server.url, timeout=30) as http:
@@ -145,5 +148,6 @@ def test_sigterm_to_the_server_group_stops_every_stage_quietly(tmp_path):
         assert "died" not in logs and "ERROR" not in logs, logs
         assert not any(_running(p) for p in pids)
         assert not live_segments(server.proc.pid)
+        assert not list(scratch.iterdir())
     finally:
         server.stop(signal.SIGKILL)

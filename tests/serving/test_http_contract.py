@@ -221,3 +221,21 @@ def test_version_metrics_and_openapi(client):
         "application/json",
         "multipart/form-data",
     }
+
+
+def test_an_app_removes_the_directories_it_made_for_itself_when_it_stops(tmp_path):
+    """Without --storage-dir / --voices-dir an app keeps video jobs and uploaded voices in temporary
+    directories: they go when it stops. Directories it was given stay."""
+    app = create_app({})
+    ctx = app.state.omnistage
+    made = [ctx.videos.root.parent, ctx.voices.store.root]
+    with TestClient(app) as client:
+        assert client.get("/health").status_code == 200
+        assert all(path.is_dir() for path in made)
+    assert not any(path.exists() for path in made)
+
+    given = ServerSettings(storage_dir=tmp_path / "storage", voices_dir=tmp_path / "voices")
+    app = create_app({}, given)
+    with TestClient(app):
+        pass
+    assert (tmp_path / "storage").is_dir() and (tmp_path / "voices").is_dir()
