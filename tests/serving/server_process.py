@@ -30,7 +30,12 @@ class ServerProcess:
     """`python -m tests.serving.launch` (toy pipelines) or `python -m omnistage serve` (model dirs)."""
 
     def __init__(
-        self, args: list[str], log_path: Path, *, module: str = "tests.serving.launch", env: dict | None = None
+        self,
+        args: list[str],
+        log_path: Path,
+        *,
+        module: str = "tests.serving.launch",
+        env: dict | None = None,
     ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
