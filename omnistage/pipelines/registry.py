@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import logging
 import pkgutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,6 +28,7 @@ _PIPELINES: dict[str, PipelineSpec] = {}
 _RESOLVERS: list[tuple[int, str, Resolver]] = []
 _SOURCES: dict[str, Source] = {}
 _discovered = False
+_discovering = threading.RLock()  # a server starts its models in threads: each waits for one discovery
 
 
 def register(spec: PipelineSpec) -> PipelineSpec:
@@ -51,14 +53,15 @@ def register_source(name: str, source: Source) -> Source:
 def discover() -> None:
     """Import every family module once so it can register itself."""
     global _discovered
-    if _discovered:
-        return
-    _discovered = True
-    import omnistage.pipelines as package
+    with _discovering:
+        if _discovered:
+            return
+        _discovered = True  # a family module that asks the registry while importing sees it as it is
+        import omnistage.pipelines as package
 
-    for info in pkgutil.iter_modules(package.__path__):
-        if info.name != "registry":
-            importlib.import_module(f"{package.__name__}.{info.name}")
+        for info in pkgutil.iter_modules(package.__path__):
+            if info.name != "registry":
+                importlib.import_module(f"{package.__name__}.{info.name}")
 
 
 def get(name: str) -> PipelineSpec:

@@ -47,7 +47,9 @@ def test_tiny_checkpoint_builds_bit_identically(tmp_path: Path) -> None:
 @pytest.mark.skipif(recording(), reason="the outputs are being recorded")
 def test_stored_outputs_are_what_the_reference_gives() -> None:
     """The reference, run now on a sample (CustomVoice's greedy codes and their waveforms), gives what is
-    stored. Done once per machine for the same stored files, worker and venv (a marker in the cache)."""
+    stored: the same codes, waveforms within 1e-4. Stored on one CPU and recomputed on another, fp32 kernels
+    sum in another order (measured 4.7e-5 between an AVX-512 Xeon and an AVX2 EPYC); stale outputs differ by
+    far more. Done once per machine for the same stored files, worker and venv (a marker in the cache)."""
     python = reference_python()  # skips without the venv
     key = hashlib.sha256(WORKER.read_bytes() + str(python.resolve()).encode())
     for path in sorted(STORE.glob("*.npz")):
@@ -62,6 +64,6 @@ def test_stored_outputs_are_what_the_reference_gives() -> None:
     assert len(fresh) == len(codes) and all(torch.equal(a, b) for a, b in zip(fresh, codes, strict=True))
     wavs = reference_waveforms(model_dir, codes)
     again = reference_waveforms(model_dir, codes, fresh=True)
-    assert all(float((a - b).abs().max()) <= 1e-6 for a, b in zip(wavs, again, strict=True))
+    assert all(float((a - b).abs().max()) <= 1e-4 for a, b in zip(wavs, again, strict=True))
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text("ok\n")

@@ -4,7 +4,9 @@ the reference's outputs for them. Called by tests/qwen3_tts/reference_outputs.py
 `python worker.py build OUT_DIR VARIANT`, `python worker.py codes MODEL_DIR REQUESTS_JSON OUT_PT` or
 `python worker.py decode MODEL_DIR CODES_PT OUT_PT` or
 `python worker.py clone|icl MODEL_DIR REQUESTS_JSON AUDIO_PT OUT_PT`; `python worker.py layout OUT_JSON`
-writes what tests/qwen3_tts/tiny_checkpoint.py builds the tiny checkpoints from."""
+writes what tests/qwen3_tts/tiny_checkpoint.py builds the tiny checkpoints from. For benchmarks/qwen3_tts.py:
+`python worker.py build_bench OUT_DIR` (the 0.6B model's widths, fewer layers) and
+`python worker.py bench MODEL_DIR REQUESTS_JSON OUT_PT` (timed, one request at a time)."""
 
 from __future__ import annotations
 
@@ -112,6 +114,60 @@ def tiny_config(modeling: types.ModuleType, variant: str):  # noqa: ANN201 - the
     return config
 
 
+# The released 0.6B widths (Qwen3-TTS-12Hz-0.6B and its 12 Hz tokenizer's decoder) with fewer layers
+# (talker 4 of 28, code predictor 2 of 5, codec decoder transformer 2 of 8), for benchmarks/qwen3_tts.py.
+BENCH_TALKER = dict(
+    hidden_size=1024, intermediate_size=3072, num_hidden_layers=4, num_attention_heads=16,
+    num_key_value_heads=8, head_dim=128, text_hidden_size=2048,
+    rope_scaling={"interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default",
+                  "type": "default"},
+)  # fmt: skip
+BENCH_PREDICTOR = dict(
+    hidden_size=1024, intermediate_size=3072, num_hidden_layers=2, num_attention_heads=16,
+    num_key_value_heads=8, head_dim=128,
+)  # fmt: skip
+BENCH_DECODER = dict(
+    hidden_size=512, latent_dim=1024, codebook_dim=512, intermediate_size=1024, num_hidden_layers=2,
+    num_attention_heads=16, num_key_value_heads=16, decoder_dim=1536,
+)  # fmt: skip
+
+
+def build_bench(out_dir: str) -> None:
+    """A CustomVoice checkpoint at the 0.6B model's widths, the model's own seeded init; the talker head's
+    EOS row zeroed so that every request speaks its whole frame budget (equal work on both sides)."""
+    modeling = import_reference()
+    config = tiny_config(modeling, "custom_voice")
+    talker = config.talker_config
+    for key, value in BENCH_TALKER.items():
+        setattr(talker, key, value)
+    talker.rope_parameters = dict(BENCH_TALKER["rope_scaling"], rope_theta=1000000)
+    for key, value in BENCH_PREDICTOR.items():
+        setattr(talker.code_predictor_config, key, value)
+    config.tts_model_size = "0b6"
+    torch.manual_seed(0)
+    model = modeling.Qwen3TTSForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        model.talker.codec_head.weight[talker.codec_eos_token_id] = 0.0
+    out = Path(out_dir)
+    _save_released(model, config, out)
+    build_codec(out / "speech_tokenizer", BENCH_DECODER)
+    build_tokenizer(out)
+
+
+def _save_released(model, config, out: Path) -> None:  # noqa: ANN001
+    """`save_pretrained`, then config.json and generation_config.json in the released layout."""
+    model.save_pretrained(out)
+    released = config.to_dict()
+    released["speaker_encoder_config"].pop("model_type", None)  # its __init__ takes no **kwargs
+    talker = released["talker_config"]
+    talker["rope_scaling"] = talker.pop("rope_parameters")  # the released name, which the talker reads
+    (out / "config.json").write_text(json.dumps(released, indent=2, sort_keys=True))
+    generation = {"do_sample": True, "repetition_penalty": 1.05, "temperature": 0.9, "top_p": 1.0,
+                  "top_k": 50, "subtalker_dosample": True, "subtalker_temperature": 0.9,
+                  "subtalker_top_p": 1.0, "subtalker_top_k": 50, "max_new_tokens": 8192}  # fmt: skip
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
+
+
 def build(out_dir: str, variant: str, tokenizer: bool = True) -> None:
     """A seeded random-weight checkpoint in the released layout (config.json, model.safetensors,
     generation_config.json). The talker head's EOS row is scaled up so some texts end on EOS."""
@@ -124,16 +180,7 @@ def build(out_dir: str, variant: str, tokenizer: bool = True) -> None:
             param.normal_(0.0, 0.2)
         model.talker.codec_head.weight[config.talker_config.codec_eos_token_id] *= 3.0
     out = Path(out_dir)
-    model.save_pretrained(out)
-    released = config.to_dict()
-    released["speaker_encoder_config"].pop("model_type", None)  # its __init__ takes no **kwargs
-    talker = released["talker_config"]
-    talker["rope_scaling"] = talker.pop("rope_parameters")  # the released name, which the talker reads
-    (out / "config.json").write_text(json.dumps(released, indent=2, sort_keys=True))
-    generation = {"do_sample": True, "repetition_penalty": 1.05, "temperature": 0.9, "top_p": 1.0,
-                  "top_k": 50, "subtalker_dosample": True, "subtalker_temperature": 0.9,
-                  "subtalker_top_p": 1.0, "subtalker_top_k": 50, "max_new_tokens": 8192}  # fmt: skip
-    (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
+    _save_released(model, config, out)
     build_codec(out / "speech_tokenizer")
     if tokenizer:
         build_tokenizer(out)
@@ -175,7 +222,7 @@ def build_tokenizer(out: Path) -> None:
     fast.save_pretrained(str(out))
 
 
-def codec_config():  # noqa: ANN201 - the reference's tokenizer config class
+def codec_config(decoder_widths: dict | None = None):  # noqa: ANN201 - the reference's tokenizer config class
     from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Config
 
     decoder = dict(
@@ -184,6 +231,7 @@ def codec_config():  # noqa: ANN201 - the reference's tokenizer config class
         intermediate_size=64, layer_scale_initial_scale=0.01, rms_norm_eps=1e-5, num_hidden_layers=2,
         num_quantizers=16, upsample_rates=[8, 5, 4, 3], upsampling_ratios=[2, 2], decoder_dim=64,
     )  # fmt: skip
+    decoder.update(decoder_widths or {})
     encoder = dict(
         sampling_rate=24000, frame_rate=12.5, audio_channels=1, hidden_size=32, num_filters=4,
         num_residual_layers=1, upsampling_ratios=[8, 6, 5, 4], kernel_size=7, last_kernel_size=3,
@@ -199,14 +247,14 @@ def codec_config():  # noqa: ANN201 - the reference's tokenizer config class
     return config
 
 
-def build_codec(out: Path) -> None:
+def build_codec(out: Path, decoder_widths: dict | None = None) -> None:
     """The 12 Hz codec (Mimi encoder + the Qwen3-TTS decoder) with real upsampling (1920 samples a frame),
     seeded. Random decoder weights at unit gain (its tiny init scales would give a ~1e-9 waveform), the last
     conv scaled so a random frame sequence decodes to std 0.2: well off the +-1 clamp."""
     from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Model
 
     torch.manual_seed(0)
-    model = Qwen3TTSTokenizerV2Model(codec_config()).eval()
+    model = Qwen3TTSTokenizerV2Model(codec_config(decoder_widths)).eval()
     with torch.no_grad():
         for name, param in model.decoder.named_parameters():
             if name.endswith(("alpha", "beta")):
@@ -318,6 +366,42 @@ def icl(model_dir: str, requests_json: str, audio_pt: str, out_pt: str) -> None:
     torch.save(result, out_pt)
 
 
+def bench(model_dir: str, requests_json: str, out_pt: str) -> None:
+    """The reference as a user calls it, one request at a time on every core: greedy `generate`, then the
+    codec's `decode` of its codes; per request the seconds to the whole waveform, its codes and waveform.
+    One untimed request first (the reference's first call warms up for seconds)."""
+    import os
+    import time
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    model = load(model_dir)
+    import_reference()
+    from qwen_tts.inference.qwen3_tts_tokenizer import Qwen3TTSTokenizer
+
+    codec = Qwen3TTSTokenizer.from_pretrained(str(Path(model_dir) / "speech_tokenizer")).model.eval()
+    requests = json.loads(Path(requests_json).read_text())
+
+    def speak(req: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            got, _ = model.generate(
+                input_ids=[torch.tensor([req["input_ids"]])], instruct_ids=[None],
+                languages=[req["language"]], speakers=[req["speaker"]],
+                non_streaming_mode=req["non_streaming_mode"], max_new_tokens=req["max_new_tokens"],
+                do_sample=False, subtalker_dosample=False,
+            )  # fmt: skip
+            return got[0].cpu(), codec.decode(got[0][None].long()).audio_values[0].float().cpu()
+
+    speak(requests[0])
+    result = {"seconds": [], "codes": [], "wavs": []}
+    for req in requests:
+        began = time.perf_counter()
+        codes, wave = speak(req)
+        result["seconds"].append(time.perf_counter() - began)
+        result["codes"].append(codes)
+        result["wavs"].append(wave)
+    torch.save(result, out_pt)
+
+
 def decode(model_dir: str, codes_pt: str, out_pt: str) -> None:
     """The reference codec's waveform (`Qwen3TTSTokenizerV2Model.decode`, fp32) of each [T, 16] codes."""
     import_reference()
@@ -356,4 +440,5 @@ def layout(out_json: str, *variants: str) -> None:
 if __name__ == "__main__":
     torch.set_num_threads(1)
     commands = {"build": build, "layout": layout, "codes": codes, "clone": clone, "icl": icl}
+    commands |= {"build_bench": build_bench, "bench": bench}
     (commands | {"decode": decode})[sys.argv[1]](*sys.argv[2:])
