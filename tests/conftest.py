@@ -24,8 +24,10 @@ def voice_demo_server(tmp_path_factory: pytest.TempPathFactory, voices_dir: Path
     from tests.serving.server_process import ServerProcess
     from tests.voice_demo import voice_demo_args
 
-    log = tmp_path_factory.mktemp("voice-demo-server") / "server.log"
-    server = ServerProcess(voice_demo_args(voices_dir), log, module="omnistage")
+    root = tmp_path_factory.mktemp("voice-demo-server")
+    server = ServerProcess(
+        voice_demo_args(voices_dir, root / "storage"), root / "server.log", module="omnistage"
+    )
     try:
         server.wait_healthy(timeout=300)
         yield server

@@ -1,6 +1,7 @@
 """`omnistage bench serve` against a real `omnistage serve` of the demo set (SmolLM2 that can speak, the
-`hibari-en` voice, the `wan-shapes` image/video model): every backend runs a short load and its JSON
-holds each metric with a value consistent with the per-request records of the same run."""
+`hibari-en` voice, the `wan-shapes` image/video model; the session's shared server, tests/voice_demo.py):
+every backend runs a short load and its JSON holds each metric with a value consistent with the
+per-request records of the same run."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -26,15 +26,8 @@ DIFFUSION = json.dumps({"size": "32x32", "num_inference_steps": 2})
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    tmp = tmp_path_factory.mktemp("bench-server")
-    args = ["serve", "--num-threads", "1", "--voices-dir", str(tmp / "voices"), "--storage-dir", str(tmp)]
-    server = ServerProcess(args, tmp / "server.log", module="omnistage")
-    try:
-        server.wait_healthy(timeout=300)
-        yield server
-    finally:
-        server.stop()
+def server(voice_demo_server: ServerProcess) -> ServerProcess:
+    return voice_demo_server
 
 
 def bench(server: ServerProcess, tmp_path: Path, *flags: str) -> dict:
