@@ -58,11 +58,12 @@ def speech_input(ctx: StageInputContext) -> StageRequest:
         field = "initial_codec_chunk_frames"
         raise InvalidRequestError(f"{field}: must be an integer >= 0, got {first!r}", param=field)
     task = loaded.tts_config.get("tts_model_type")
+    serves = TASKS.get(task, task)
     asked = prompt.get("task_type")
-    if asked is not None and asked != TASKS.get(task, task):
+    if asked is not None and asked != serves:
         raise InvalidRequestError(
-            f"task_type: this checkpoint serves {TASKS.get(task, task)}, not {asked}; use task_type="
-            f"{TASKS.get(task, task)!r} or serve the matching checkpoint",
+            f"task_type: this checkpoint serves {serves}, not {asked}; use task_type={serves!r} or serve the "
+            "matching checkpoint",
             param="task_type",
         )
     speaker, instructions = prompt.get("speaker"), prompt.get("instructions")
@@ -70,7 +71,7 @@ def speech_input(ctx: StageInputContext) -> StageRequest:
     if (cloned is not None) != (task == "base"):
         field = "ref_audio" if "ref_audio" in prompt else "voice"
         raise InvalidRequestError(
-            f"{field}: this checkpoint serves {TASKS.get(task, task)}"
+            f"{field}: this checkpoint serves {serves}"
             + (
                 ": it clones a voice (an uploaded voice or ref_audio)"
                 if task == "base"
@@ -161,7 +162,6 @@ def _voice_entry(owner: object, voice: dict) -> dict:
     size) or per inline clip (its hash): its 24 kHz clip first, then whatever the stage derives from it."""
     import hashlib
     import os
-    from pathlib import Path
 
     import numpy as np
 
@@ -176,15 +176,11 @@ def _voice_entry(owner: object, voice: dict) -> dict:
         stat = os.stat(voice["path"])
         key = (voice["path"], stat.st_mtime_ns, stat.st_size)
     if key not in cache:
-        if "data" not in voice and str(voice["path"]).endswith(".safetensors"):  # the server's voice store
-            samples, rate = voice_samples(voice["path"])
-        else:  # a request's clip, or an audio file given to the offline API
-            data = voice["data"] if "data" in voice else Path(voice["path"]).read_bytes()
-            try:
-                samples, rate = decode_audio(data)
-            except Exception as exc:  # whatever the decoder makes of bytes that are not audio
-                message = f"ref_audio: not a readable audio clip ({exc})"
-                raise InvalidRequestError(message, param="ref_audio") from None
+        try:  # a request's clip, or a voice file (the server's store, or the offline API's audio file)
+            samples, rate = decode_audio(voice["data"]) if "data" in voice else voice_samples(voice["path"])
+        except Exception as exc:  # whatever the decoder makes of bytes that are not audio
+            message = f"ref_audio: not a readable audio clip ({exc})"
+            raise InvalidRequestError(message, param="ref_audio") from None
         samples = samples.mean(axis=0) if samples.ndim == 2 else samples
         if rate != SAMPLE_RATE:
             from omnistage.serving.media import resample

@@ -60,12 +60,10 @@ async def serve_async(
 ) -> None:
     """Serve `models` until a signal stops the server: model directories, PipelineSpecs, or
     (PipelineSpec, model directory) pairs for user pipelines over a checkpoint."""
-    from omnistage.api import AsyncOmni
-
     state = ServerState()
     runtimes: dict[str, Any] = {}
     try:
-        started = await _start_together(AsyncOmni, models, omni_kwargs or {})
+        started = await _start_together(models, omni_kwargs or {})
         for index, omni in enumerate(started):
             name = served_model_names[index] if served_model_names else omni.model_name
             if name in runtimes:
@@ -93,15 +91,17 @@ async def serve_async(
                 logger.exception("shutdown of %s failed", name)
 
 
-async def _start_together(runtime: Any, models: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
+async def _start_together(models: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
     """Every model's runtime, started at once (each start blocks its thread until its stages are ready),
     so a server of several models waits for the slowest rather than for the sum where cores are free
     (measured on 2 cores, where loading is CPU-bound: the voice demo set's four models 41 s together,
     43 s one after another). If one fails, the others are stopped and its error is raised."""
 
+    from omnistage.api import AsyncOmni
+
     def start(model: Any) -> Any:
         model, model_dir = model if isinstance(model, tuple) else (model, None)
-        return runtime(model, model_dir=model_dir, **kwargs)
+        return AsyncOmni(model, model_dir=model_dir, **kwargs)
 
     results = await asyncio.gather(*(asyncio.to_thread(start, m) for m in models), return_exceptions=True)
     failures = [r for r in results if isinstance(r, BaseException)]

@@ -74,7 +74,12 @@ class UploadedVoice:
 
 
 def voice_samples(path: str | Path) -> tuple[np.ndarray, int]:
-    """(samples, sample rate) of an uploaded voice's file: what a stage that clones it reads."""
+    """(samples, sample rate) of a voice file, what a stage that clones it reads: an uploaded voice in the
+    server's store (safetensors), or an audio file (WAV, FLAC, ...) the offline API names."""
+    if Path(path).suffix != ".safetensors":
+        from omnistage.media import decode_audio
+
+        return decode_audio(Path(path).read_bytes())
     from safetensors import safe_open
 
     with safe_open(str(path), "np") as handle:
