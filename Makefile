@@ -36,8 +36,11 @@ browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 		{ $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium chromium-driver; }
 
+# Two workers (pytest-xdist), one area of tests/ at a time each (tests/conftest.py): the tests wait on
+# processes and sockets much of the time, so one worker alone left a core idle. One OpenMP thread per
+# process, as two workers and their servers share the two cores.
 test: lint browser
-	$(PY) -m pytest -q -p no:cacheprovider
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n 2
 
 format: setup
 	$(VENV)/bin/ruff check --fix .

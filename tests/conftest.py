@@ -12,6 +12,34 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+# The areas whose tests run on the one `voice_demo_server`.
+VOICE_DEMO_AREAS = {"speech", "whisper", "realtime", "bench"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Give every item a node id of its own. Under pytest 9.2, schemathesis names its items per API operation
+    but leaves them one node id, and pytest-xdist, which keys tests by node id, would run only one of them."""
+    seen: set[str] = set()
+    for item in items:
+        if item.nodeid in seen and item.parent is not None:
+            item._id = item.parent.id.child(item.name)
+        seen.add(item.nodeid)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`pytest -n N`: a work unit is an area of tests/ (tests/<area>/...), so each area's session fixtures
+    (servers, engines, references) start on one worker only; the voice demo's areas are one unit."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class AreaScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            parts = nodeid.split("/")
+            area = parts[1] if len(parts) > 2 and parts[0] == "tests" else nodeid
+            return "voice-demo" if area in VOICE_DEMO_AREAS else area
+
+    return AreaScheduling(config, log)
+
 
 @pytest.fixture(scope="session")
 def voices_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
