@@ -1,6 +1,7 @@
 """Suite-wide settings and the one server several areas share (area fixtures: tests/<area>/conftest.py)."""
 
 import os
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,18 +13,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-# The areas whose tests run on the one `voice_demo_server`.
+# The areas whose tests run on the one `voice_demo_server`. Named here because xdist's controller, which
+# forms the work units, sees node ids only, not fixtures; an area missing from it only starts a second server.
 VOICE_DEMO_AREAS = {"speech", "whisper", "realtime", "bench"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Give every item a node id of its own. Under pytest 9.2, schemathesis names its items per API operation
     but leaves them one node id, and pytest-xdist, which keys tests by node id, would run only one of them."""
-    seen: set[str] = set()
+    shared = {nodeid for nodeid, count in Counter(item.nodeid for item in items).items() if count > 1}
     for item in items:
-        if item.nodeid in seen and item.parent is not None:
+        if item.nodeid in shared and item.parent is not None:
             item._id = item.parent.id.child(item.name)
-        seen.add(item.nodeid)
 
 
 @pytest.hookimpl(optionalhook=True)
