@@ -126,6 +126,7 @@ def load_talker(model_dir: str, dtype: torch.dtype, device: str) -> TalkerModel:
         talker=talker,
         text_embed=text_embed,
         omni_config=config,
+        step_modules=[talker.code_predictor],
     )
 
 

@@ -18,7 +18,9 @@ request's next text row (`trailing_text`, or `tts_pad` once the text is spoken).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,8 @@ import torch
 from torch import nn
 
 from omnistage.stages.ar.attention import ATTENTION_NAME
+from omnistage.stages.ar.dense_kv import DENSE_KV_KWARG, DenseKV, dense_attention_forward
+from omnistage.stages.ar.lean_decoder import LeanDecoder, supports
 from omnistage.stages.ar.loader import LoadedModel, load_tokenizer
 from omnistage.stages.ar.post_sample import PostSample, SampledStep
 
@@ -93,25 +97,29 @@ def residual_codes(
     code0_embed: torch.Tensor,
     project: nn.Module | None = None,
     pick: Pick | None = None,
+    lean: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A code predictor's frame (Qwen3-TTS and Qwen3-Omni share it): fed [talker hidden, embedding of code
     0] and then each code it makes, `heads[j]` gives code j+1 (a fresh KV cache per frame); `pick(j,
     logits [S, V]) -> codes [S]` chooses each (argmax when None: greedy).
+    `lean` (where the lean decoder knows the layers): the same layers without transformers' per-call
+    machinery, over a dense cache (dense_kv.py); else the model's own forward with a `DynamicCache`.
     Returns (codes [S, G-1], the summed embeddings of codes 1.. [S, H])."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache()
+    decoder = _frame_decoder(model, project) if lean else None
     inputs = torch.stack([hidden, code0_embed], dim=1)
     codes, total = [], torch.zeros_like(hidden)
+    if decoder is not None:
+        cache: Any = DenseKV()
+        run = functools.partial(decoder, **{DENSE_KV_KWARG: cache})
+    else:
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        run = functools.partial(_own_forward, model, project, cache)
     for j, head in enumerate(heads):
-        start = cache.get_seq_length()
+        start = cache.length() if decoder is not None else cache.get_seq_length()
         positions = torch.arange(start, start + inputs.shape[1], device=hidden.device)
-        out = model(
-            inputs_embeds=project(inputs) if project is not None else inputs,
-            position_ids=positions[None].expand(hidden.shape[0], -1),
-            cache=cache,
-            use_cache=True,
-        )
+        out = run(inputs_embeds=inputs, position_ids=positions[None].expand(hidden.shape[0], -1))
         logits = head(out.last_hidden_state[:, -1])
         code = logits.argmax(dim=-1) if pick is None else pick(j, logits)
         embed = embeddings[j](code)
@@ -119,6 +127,25 @@ def residual_codes(
         total = total + embed
         inputs = embed[:, None]
     return torch.stack(codes, dim=1), total
+
+
+def _own_forward(model: nn.Module, project: nn.Module | None, cache: Any, **kwargs: Any) -> Any:
+    inputs = kwargs.pop("inputs_embeds")
+    inputs = project(inputs) if project is not None else inputs
+    return model(inputs_embeds=inputs, cache=cache, use_cache=True, **kwargs)
+
+
+_FRAME_DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _frame_decoder(model: nn.Module, project: nn.Module | None) -> LeanDecoder | None:
+    """The predictor's lean decoder, made once per model (after the engine packed its linears, so q/k/v and
+    gate/up run as joint GEMMs); None where the lean decoder does not know its layers."""
+    made = _FRAME_DECODERS.get(model)
+    if made is None and supports(model):
+        made = LeanDecoder(model, input_proj=project, attention=dense_attention_forward)
+        _FRAME_DECODERS[model] = made
+    return made
 
 
 @dataclasses.dataclass
@@ -224,6 +251,7 @@ def load_talker(model_dir: str, dtype: torch.dtype, device: str) -> Qwen3TTSTalk
         text_embed=root.text_embed,
         text_projection=root.text_projection,
         code_predictor=root.code_predictor,
+        step_modules=[root.code_predictor],
         speaker_encoder=getattr(root, "speaker_encoder", None),
         codec_encoder=_codec_encoder(tts, model_dir, device),
         tts_config=tts,

@@ -135,8 +135,8 @@ class AREngine:
             and self.device.type == "cpu"
             and packing_available()
         ):
-            pack_linears(model.decoder)
-            pack_linears(model.head)
+            for module in (model.decoder, model.head, *model.step_modules):
+                pack_linears(module)
         return model
 
     def _new_kv(self) -> KVStorage:

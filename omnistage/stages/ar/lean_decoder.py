@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -36,15 +37,27 @@ from omnistage.stages.ar import native
 from omnistage.stages.ar.attention import paged_attention_forward
 from omnistage.stages.ar.packed_linear import Joint, JointLinear, fuse_packed
 
-# (decoder layer, attention, RMS norm, mixture-of-experts block or None) classes whose forward is: pre-norm
-# attention with rotary q/k (Qwen3: each head's q and k RMS-normed first), a residual, a pre-norm MLP (gated
-# SiLU, or the named experts block, called as is), a residual; RMS norm = weight * x * rsqrt(mean(x²) + eps).
+# (decoder layer, attention, RMS norm(s, "|" between), mixture-of-experts block or None) classes whose
+# forward is: pre-norm attention with rotary q/k (Qwen3: each head's q and k RMS-normed first), a residual,
+# a pre-norm MLP (gated SiLU, or the named experts block, called as is), a residual; RMS norm = weight * x *
+# rsqrt(mean(x²) + eps).
 KNOWN_LAYERS = {
     "Qwen2_5OmniDecoderLayer": ("Qwen2_5OmniAttention", "Qwen2_5OmniRMSNorm", None),
     "Qwen2DecoderLayer": ("Qwen2Attention", "Qwen2RMSNorm", None),
     "LlamaDecoderLayer": ("LlamaAttention", "LlamaRMSNorm", None),
     "Qwen3DecoderLayer": ("Qwen3Attention", "Qwen3RMSNorm", None),
     "Qwen3MoeDecoderLayer": ("Qwen3MoeAttention", "Qwen3MoeRMSNorm", "Qwen3MoeSparseMoeBlock"),
+    # Qwen3-Omni's talker (multimodal rotary from the model's own rotary_emb) and its code predictor
+    "Qwen3OmniMoeTalkerDecoderLayer": (
+        "Qwen3OmniMoeThinkerTextAttention",
+        "Qwen3OmniMoeThinkerTextRMSNorm|Qwen3OmniMoeTextRMSNorm",  # the final norm is the second, same sums
+        "Qwen3OmniMoeTalkerTextSparseMoeBlock",
+    ),
+    "Qwen3OmniMoeTalkerCodePredictorDecoderLayer": (
+        "Qwen3OmniMoeTalkerCodePredictorAttention",
+        "Qwen3OmniMoeRMSNorm",
+        None,
+    ),
 }
 
 
@@ -76,7 +89,7 @@ def unsupported(model: Any) -> str | None:
             return f"{name}: attention {type(attn).__name__} (or a sliding window)"
         norms = [layer.input_layernorm, layer.post_attention_layernorm, model.norm]
         norms += [n for n in (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)) if n is not None]
-        if any(type(n).__name__ != known[1] for n in norms):
+        if any(type(n).__name__ not in known[1].split("|") for n in norms):
             return f"{name}: norms other than {known[1]}"
         if not _gated_silu(mlp) and type(mlp).__name__ != known[2]:
             return f"{name}: MLP {type(mlp).__name__} is neither a SiLU-gated MLP nor {known[2] or 'experts'}"
@@ -110,15 +123,24 @@ class _Layer:
     gate_up: Joint | None  # None: the MLP is called as the model calls it (a mixture of experts)
     q_norm: torch.nn.Module | None  # Qwen3's per-head RMS norms of q and k, before rotary
     k_norm: torch.nn.Module | None
+    qk_weight: torch.Tensor | None  # both norms' weights, head by head (_norm_heads_)
 
 
 class LeanDecoder:
     """Called as the model is by the engine: `(inputs_embeds=[1, T, H], position_ids=..., **kwargs)` →
-    an object with `.last_hidden_state`. `input_proj` (optional) maps the inputs first."""
+    an object with `.last_hidden_state`. `input_proj` (optional) maps the inputs first. `attention` has
+    transformers' attention signature and gets the call's kwargs: the engine's paged attention by default
+    (dense_kv.py's for a batch of short runs with their own cache, e.g. a code predictor's frame)."""
 
-    def __init__(self, model: Any, input_proj: torch.nn.Module | None = None):
+    def __init__(
+        self,
+        model: Any,
+        input_proj: torch.nn.Module | None = None,
+        attention: Callable[..., tuple[torch.Tensor, Any]] = paged_attention_forward,
+    ):
         self.model = model
         self.input_proj = input_proj
+        self.attention = attention
         self.layers = [_layer(layer) for layer in model.layers]
         self.norms = [layer.input_layernorm for layer in model.layers] + [model.norm]
         self.native_reason = self._native_reason()
@@ -168,7 +190,7 @@ class LeanDecoder:
                 q, k = layer.q_norm.forward(q), layer.k_norm.forward(k)
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            out, _ = paged_attention_forward(attn, q, k, v, None, scaling=attn.scaling, **kwargs)
+            out, _ = self.attention(attn, q, k, v, None, scaling=attn.scaling, **kwargs)
             h = h + attn.o_proj.forward(out.reshape(batch, length, -1).contiguous())
             x = layer.norm_post.forward(h)
             if layer.gate_up is None:
@@ -201,12 +223,12 @@ class LeanDecoder:
             attn, dim, qkv = layer.attn, layer.head_dim, layer.qkv
             fused = qkv.whole(x)
             if layer.q_norm is not None:
-                _norm_heads_(fused, qkv.widths, dim, layer.q_norm, layer.k_norm)
+                _norm_heads_(fused, qkv.widths, dim, layer)
             ops.rotary_(fused, cos, sin, (qkv.widths[0] + qkv.widths[1]) // dim, dim)
             q, k, v = (
                 part.view(batch, length, -1, dim).transpose(1, 2) for part in fused.split(qkv.widths, -1)
             )
-            out, _ = paged_attention_forward(attn, q, k, v, None, scaling=attn.scaling, **kwargs)
+            out, _ = self.attention(attn, q, k, v, None, scaling=attn.scaling, **kwargs)
             attended = attn.o_proj.forward(out.reshape(batch, length, -1).contiguous())
             h, x = ops.add_rms_norm(h, attended, layer.norm_post.weight, layer.norm_post.variance_epsilon)
             if layer.gate_up is None:
@@ -217,16 +239,33 @@ class LeanDecoder:
         return x
 
 
-def _norm_heads_(
-    fused: torch.Tensor, widths: list[int], dim: int, q_norm: torch.nn.Module, k_norm: torch.nn.Module
-) -> None:
-    """Qwen3's per-head q and k norms, in place on the q/k/v GEMM's output (before rotary, as the model)."""
+def _norm_heads_(fused: torch.Tensor, widths: list[int], dim: int, layer: _Layer) -> None:
+    """Qwen3's per-head q and k norms, in place on the q/k/v GEMM's output (before rotary, as the model).
+    With one epsilon for both, q's and k's heads are normed together: the norm modules' own ops on the
+    same rows, with each head's weight (`qk_weight`), so the same numbers in half the calls."""
     q_width, k_width = widths[0], widths[1]
     shape = (*fused.shape[:-1], -1, dim)
+    if layer.qk_weight is not None:
+        qk = fused[..., : q_width + k_width]
+        x = qk.view(shape).to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + layer.q_norm.variance_epsilon)
+        qk.copy_((layer.qk_weight * x.to(fused.dtype)).view(qk.shape))
+        return
     q = fused[..., :q_width]
     k = fused[..., q_width : q_width + k_width]
-    q.copy_(q_norm.forward(q.view(shape)).view(q.shape))
-    k.copy_(k_norm.forward(k.view(shape)).view(k.shape))
+    q.copy_(layer.q_norm.forward(q.view(shape)).view(q.shape))
+    k.copy_(layer.k_norm.forward(k.view(shape)).view(k.shape))
+
+
+def _qk_weight(attn: torch.nn.Module, dim: int) -> torch.Tensor | None:
+    """q_norm's weight for each q head, then k_norm's for each k head [Hq + Hk, D] (None: no q/k norms, or
+    two epsilons)."""
+    q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+    if q_norm is None or k_norm is None or q_norm.variance_epsilon != k_norm.variance_epsilon:
+        return None
+    heads = [int(attn.q_proj.weight.shape[0]) // dim, int(attn.k_proj.weight.shape[0]) // dim]
+    norms = (q_norm.weight.detach(), k_norm.weight.detach())
+    return torch.cat([w.expand(n, dim) for w, n in zip(norms, heads, strict=True)])
 
 
 def _layer(layer: torch.nn.Module) -> _Layer:
@@ -242,6 +281,7 @@ def _layer(layer: torch.nn.Module) -> _Layer:
         gate_up=_joint(mlp.gate_proj, mlp.up_proj) if gated else None,
         q_norm=getattr(attn, "q_norm", None),
         k_norm=getattr(attn, "k_norm", None),
+        qk_weight=_qk_weight(attn, int(attn.head_dim)),
     )
 
 

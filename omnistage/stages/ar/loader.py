@@ -43,6 +43,9 @@ class LoadedModel:
     # `fn(output_token_ids, logits[V]) -> logits` run for every request before its own (e.g. Whisper's
     # suppressed tokens, which its `generate` applies to every step).
     logits_processors: list[Any] = dataclasses.field(default_factory=list)
+    # Modules a post-sample hook runs every step (a code predictor): the engine packs their linears as it
+    # packs the decoder's and the head's.
+    step_modules: list[torch.nn.Module] = dataclasses.field(default_factory=list)
 
 
 def load_causal_lm(model_dir: str, dtype: torch.dtype, device: str) -> LoadedModel:
