@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -135,16 +134,14 @@ def _own_forward(model: nn.Module, project: nn.Module | None, cache: Any, **kwar
     return model(inputs_embeds=inputs, cache=cache, use_cache=True, **kwargs)
 
 
-_FRAME_DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def _frame_decoder(model: nn.Module, project: nn.Module | None) -> LeanDecoder | None:
-    """The predictor's lean decoder, made once per model (after the engine packed its linears, so q/k/v and
-    gate/up run as joint GEMMs); None where the lean decoder does not know its layers."""
-    made = _FRAME_DECODERS.get(model)
+    """The predictor's lean decoder, made once per model and kept on it (after the engine packed its
+    linears, so q/k/v and gate/up run as joint GEMMs); None where the lean decoder does not know its
+    layers."""
+    made = model.__dict__.get("_frame_decoder")
     if made is None and supports(model):
         made = LeanDecoder(model, input_proj=project, attention=dense_attention_forward)
-        _FRAME_DECODERS[model] = made
+        model.__dict__["_frame_decoder"] = made
     return made
 
 

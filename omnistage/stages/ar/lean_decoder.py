@@ -258,10 +258,12 @@ def _norm_heads_(fused: torch.Tensor, widths: list[int], dim: int, layer: _Layer
 
 
 def _qk_weight(attn: torch.nn.Module, dim: int) -> torch.Tensor | None:
-    """q_norm's weight for each q head, then k_norm's for each k head [Hq + Hk, D] (None: no q/k norms, or
-    two epsilons)."""
+    """q_norm's weight for each q head, then k_norm's for each k head [Hq + Hk, D], for the native path (so
+    None off the CPU; also without q/k norms, or with two epsilons). A copy, as the packed weights are."""
     q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
     if q_norm is None or k_norm is None or q_norm.variance_epsilon != k_norm.variance_epsilon:
+        return None
+    if q_norm.weight.device.type != "cpu":
         return None
     heads = [int(attn.q_proj.weight.shape[0]) // dim, int(attn.k_proj.weight.shape[0]) // dim]
     norms = (q_norm.weight.detach(), k_norm.weight.detach())
