@@ -48,16 +48,20 @@ def wav(samples: np.ndarray) -> bytes:
     return out.getvalue()
 
 
-async def realtime_turn(client: httpx.AsyncClient, speech: np.ndarray, args: argparse.Namespace) -> float:
-    """Seconds from the last speech sample sent to the first response audio: one turn of `omnistage bench
-    serve --backend realtime` with server VAD (speech streamed in real time, then silence)."""
+async def realtime_turn(
+    client: httpx.AsyncClient, speech: np.ndarray, args: argparse.Namespace
+) -> tuple[float, float]:
+    """Seconds from the last speech sample sent to the first response audio, and the answer's audio
+    underrun (omnistage/bench/metrics.py: how far a player starting at its first audio would run dry): one
+    turn of `omnistage bench serve --backend realtime` with server VAD (speech streamed in real time, then
+    silence)."""
     turn_detection = {"type": "server_vad", "silence_duration_ms": args.silence_ms}
     extra = {"temperature": 0.0, "audio": {"input": {"turn_detection": turn_detection}}}
     request = BenchRequest("", 0, args.max_tokens, audio=speech.astype("<i2").tobytes())
     out = await REALTIME(client, CHAT, request, extra)
     if not out.success or out.audio_ttfp_s is None:
         raise SystemExit(f"realtime turn failed: {out.error or 'no audio'}")
-    return out.audio_ttfp_s
+    return out.audio_ttfp_s, out.audio_underrun_s
 
 
 async def http_turn(client: httpx.AsyncClient, speech: np.ndarray, args: argparse.Namespace) -> float:
@@ -93,9 +97,16 @@ async def level(url: str, questions: list[np.ndarray], clients: int, args: argpa
             picks = [questions[(r + c) % len(questions)] for c in range(clients)]
             realtime += await asyncio.gather(*(realtime_turn(client, q, args) for q in picks))
             http += await asyncio.gather(*(http_turn(client, q, args) for q in picks))
-    rt, ht = statistics.median(realtime), statistics.median(http)
-    turns = len(realtime)
-    return {"clients": clients, "turns": turns, "realtime_p50_s": rt, "http_p50_s": ht, "ratio": rt / ht}
+    rt, ht = statistics.median(t for t, _ in realtime), statistics.median(http)
+    turns, worst = len(realtime), max(u for _, u in realtime)
+    return {
+        "clients": clients,
+        "turns": turns,
+        "realtime_p50_s": rt,
+        "http_p50_s": ht,
+        "ratio": rt / ht,
+        "realtime_worst_underrun_s": worst,
+    }
 
 
 async def speak_questions(url: str) -> list[np.ndarray]:
@@ -130,10 +141,11 @@ def main() -> None:
     finally:
         stop(proc)
     print(f"realtime turns (silence_duration_ms={args.silence_ms}, answers of <= {args.max_tokens} tokens):")
-    print(f"{'clients':>8} {'turns':>6} {'realtime p50 s':>15} {'3 HTTP calls p50 s':>19} {'ratio':>7}")
+    header = f"{'clients':>8} {'turns':>6} {'realtime p50 s':>15} {'3 HTTP calls p50 s':>19} {'ratio':>7}"
+    print(f"{header} {'worst underrun s':>17}")
     for r in results:
         row = f"{r['clients']:>8} {r['turns']:>6} {r['realtime_p50_s']:>15.3f} {r['http_p50_s']:>19.3f}"
-        print(f"{row} {r['ratio']:>6.2f}x")
+        print(f"{row} {r['ratio']:>6.2f}x {r['realtime_worst_underrun_s']:>17.3f}")
     print(json.dumps({"realtime_turns": results}))
 
 
