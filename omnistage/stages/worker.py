@@ -382,7 +382,13 @@ class _SocketInbox:
                 raw = self.socket.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return msgs
-            msgs.append(self.decode(raw.buffer))
+            try:
+                msgs.append(self.decode(raw.buffer))
+            except FileNotFoundError as exc:
+                # The orchestrator frees a request's shared-memory payloads when the request ends (done,
+                # aborted, failed) and tells every stage that holds it; a message still on its way here for
+                # such a request finds a segment gone. Nothing is left to do for it: drop it, serve the rest.
+                logger.warning("dropped a message whose payload is gone (its request has ended): %s", exc)
 
 
 def _stop(signum: int, frame: Any) -> None:

@@ -75,3 +75,37 @@ def test_arrays_images_and_params_roundtrip():
 def test_unsupported_objects_are_refused_not_pickled():
     with pytest.raises(TypeError, match="cannot send a object"):
         Codec(FromWorker).encode(Outputs(0, 0, [StageOutput("r", data={"x": object()})]))
+
+
+def test_a_worker_drops_a_message_whose_payload_is_gone_and_serves_the_next(tmp_path):
+    """A request's segments are freed when it ends; its message still queued at a stage must not take the
+    stage down (a real ZMQ socket pair and real shared memory)."""
+    import zmq
+
+    from omnistage.stages.worker import _SocketInbox
+
+    context = zmq.Context()
+    pull, push = context.socket(zmq.PULL), context.socket(zmq.PUSH)
+    try:
+        address = f"ipc://{tmp_path / 'inbox'}"
+        pull.bind(address)
+        push.connect(address)
+        sender = Codec(ToWorker, connector=ShmConnector())
+        before = set(live_segments(os.getpid()))
+        ended = sender.encode(StartRequest("ended", {"audio": torch.randn(100_000)}, SamplingParams()))
+        (segment,) = set(live_segments(os.getpid())) - before
+        release(segment)  # the request ended before the stage read its message
+        live = torch.randn(100_000)
+        push.send(ended)
+        push.send(sender.encode(StartRequest("live", {"audio": live}, SamplingParams())))
+        inbox = _SocketInbox(pull, Codec(ToWorker).decode)
+        taken = []
+        while len(taken) < 1:
+            assert inbox.wait(10.0)
+            taken += inbox.take()
+        assert [m.request_id for m in taken] == ["live"]
+        assert torch.equal(taken[0].prompt["audio"], live)
+    finally:
+        push.close(linger=0)
+        pull.close(linger=0)
+        context.term()
