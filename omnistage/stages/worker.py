@@ -9,6 +9,7 @@ inbox is a ZMQ socket. Only the `Inbox` and the `send` function differ.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -18,6 +19,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import msgspec
 import torch
 
 from omnistage.config.deploy import StageDeploy
@@ -305,6 +307,10 @@ def serve_stage(
 
     def deliver() -> None:
         for msg in inbox.take():
+            if isinstance(msg, PayloadGone):
+                if msg.request_id is not None:
+                    send(Outputs(sid, replica, [error_output(msg.request_id, msg.error)]))
+                continue
             if not isinstance(msg, Call):
                 worker.handle(msg)
                 continue
@@ -363,6 +369,24 @@ def watch_parent() -> None:
     threading.Thread(target=run, name="parent-watch", daemon=True).start()
 
 
+@dataclasses.dataclass
+class PayloadGone:
+    """An inbox message that could not be read because a shared-memory payload of it no longer exists."""
+
+    request_id: str | None
+    error: FileNotFoundError
+
+
+def _request_id(frame: Any) -> str | None:
+    """The request a message is about, read without its payloads (None if it names none)."""
+    from omnistage.runtime.messages import ToWorker
+
+    try:
+        return getattr(msgspec.msgpack.Decoder(ToWorker).decode(frame), "request_id", None)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
 class _SocketInbox:
     """A ZMQ PULL socket as an inbox; a held delivery (a multipart message) is read part by part."""
 
@@ -387,8 +411,10 @@ class _SocketInbox:
             except FileNotFoundError as exc:
                 # The orchestrator frees a request's shared-memory payloads when the request ends (done,
                 # aborted, failed) and tells every stage that holds it; a message still on its way here for
-                # such a request finds a segment gone. Nothing is left to do for it: drop it, serve the rest.
-                logger.warning("dropped a message whose payload is gone (its request has ended): %s", exc)
+                # such a request finds a segment gone. It fails that request alone (the orchestrator
+                # ignores outputs of requests that have ended), and the stage serves the rest.
+                logger.warning("a message whose payload is gone (its request has ended?): %s", exc)
+                msgs.append(PayloadGone(_request_id(raw.buffer), exc))
 
 
 def _stop(signum: int, frame: Any) -> None:

@@ -77,12 +77,13 @@ def test_unsupported_objects_are_refused_not_pickled():
         Codec(FromWorker).encode(Outputs(0, 0, [StageOutput("r", data={"x": object()})]))
 
 
-def test_a_worker_drops_a_message_whose_payload_is_gone_and_serves_the_next(tmp_path):
+def test_a_message_whose_payload_is_gone_names_its_request_and_the_next_is_served(tmp_path):
     """A request's segments are freed when it ends; its message still queued at a stage must not take the
-    stage down (a real ZMQ socket pair and real shared memory)."""
+    stage down: the inbox hands it over as `PayloadGone` naming the request (the worker fails that request
+    alone), then the next message as usual (a real ZMQ socket pair and real shared memory)."""
     import zmq
 
-    from omnistage.stages.worker import _SocketInbox
+    from omnistage.stages.worker import PayloadGone, _SocketInbox
 
     context = zmq.Context()
     pull, push = context.socket(zmq.PULL), context.socket(zmq.PUSH)
@@ -100,11 +101,13 @@ def test_a_worker_drops_a_message_whose_payload_is_gone_and_serves_the_next(tmp_
         push.send(sender.encode(StartRequest("live", {"audio": live}, SamplingParams())))
         inbox = _SocketInbox(pull, Codec(ToWorker).decode)
         taken = []
-        while len(taken) < 1:
+        while len(taken) < 2:
             assert inbox.wait(10.0)
             taken += inbox.take()
-        assert [m.request_id for m in taken] == ["live"]
-        assert torch.equal(taken[0].prompt["audio"], live)
+        gone, served = taken
+        assert isinstance(gone, PayloadGone) and gone.request_id == "ended"
+        assert isinstance(served, StartRequest) and served.request_id == "live"
+        assert torch.equal(served.prompt["audio"], live)
     finally:
         push.close(linger=0)
         pull.close(linger=0)
