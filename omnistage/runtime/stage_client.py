@@ -16,6 +16,7 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from omnistage.runtime.stage_board import BoardSeat
 from omnistage.stages.worker import create_engine, serve_stage
 
 logger = logging.getLogger(__name__)
+SEND_WAIT_S = 5.0  # the longest a send waits for a worker to (re)connect (see ProcessStageClient._deliver)
 OnMessage = Callable[[Any], None]
 
 
@@ -267,9 +269,26 @@ class ProcessStageClient(StageClient):
             return
         frame = self.codec.encode(msg)
         if self.held is None:
-            self.socket.send(frame, copy=False)
+            self._deliver(lambda flags: self.socket.send(frame, flags, copy=False))
         else:
             self.held.append(frame)
+
+    def _deliver(self, send: Callable[[int], Any]) -> None:
+        """Send without ever blocking the orchestrator's loop for good. A PUSH socket blocks a send while no
+        worker is connected (its high-water mark is off), and a dying worker's socket closes before its
+        process exits: a blocking send then would hang the loop, and with it the monitor that fails the
+        replica's requests. So: non-blocking; with no worker connected, retried until it reconnects or its
+        process is gone (then dropped, the monitor fails its requests), at most `SEND_WAIT_S`."""
+        deadline = time.monotonic() + SEND_WAIT_S
+        while True:
+            try:
+                send(zmq.NOBLOCK)
+                return
+            except zmq.Again:
+                if not self.alive or time.monotonic() > deadline:
+                    logger.warning("%s: a message was dropped, no worker is connected", self.label)
+                    return
+                time.sleep(0.001)
 
     def hold(self) -> None:
         if self.held is None:
@@ -280,7 +299,7 @@ class ProcessStageClient(StageClient):
         steps again (each part is one encoded message)."""
         frames, self.held = self.held, None
         if frames and self.alive:
-            self.socket.send_multipart(frames, copy=False)
+            self._deliver(lambda flags: self.socket.send_multipart(frames, flags, copy=False))
 
     def close(self, timeout: float = 5.0) -> None:
         if self.proc is not None and self.proc.poll() is None:

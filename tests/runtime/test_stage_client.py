@@ -97,3 +97,55 @@ def test_a_stage_whose_engine_cannot_be_built_says_so_and_never_starts():
     assert not serve_stage(speech_pipeline().stage(0), 1, build, QueueInbox(), sent.append)
     (failed,) = sent
     assert isinstance(failed, StartupFailed) and failed.replica == 1 and "no such checkpoint" in failed.error
+
+
+def test_a_send_never_blocks_for_good_once_the_worker_socket_is_gone(tmp_path):
+    """A dying worker's socket closes before its process exits, and a PUSH socket blocks a send while no
+    worker is connected: the send must return once the process is gone (the message dropped; the monitor
+    fails the replica's requests), not hang the orchestrator's loop."""
+    import threading
+
+    from zmq.utils.monitor import recv_monitor_message
+
+    ctx = zmq.Context()
+    stage = speech_pipeline().stage(2)
+    client = ProcessStageClient(
+        stage,
+        StageDeploy(stage_id=2),
+        0,
+        None,
+        on_message=lambda msg: None,
+        stream_tensors=True,
+        ipc_dir=tmp_path,
+        outbox=f"ipc://{tmp_path}/out",
+        owner_pid=0,
+        output_connector="inline",
+        input_connector="inline",
+        zmq_context=ctx,
+    )
+    client.proc = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
+    monitor = client.socket.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+    inbox = ctx.socket(zmq.PULL)
+    inbox.connect(client.inbox)
+    sender = None
+    try:
+        assert recv_monitor_message(monitor)["event"] == zmq.EVENT_ACCEPTED
+        client.send(Abort(["delivered"]))
+        assert inbox.poll(5000) and Codec(ToWorker).decode(inbox.recv()).request_ids == ["delivered"]
+        inbox.close(linger=0)  # the worker's socket is gone, its process not yet
+        assert recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
+        sender = threading.Thread(target=client.send, args=(Abort(["lost"]),))
+        sender.start()
+        client.proc.kill()
+        client.proc.wait()
+        sender.join(timeout=60)
+        assert not sender.is_alive()
+    finally:
+        if client.proc.poll() is None:
+            client.proc.kill()
+            client.proc.wait()
+        if sender is None or not sender.is_alive():  # a send still blocked owns its socket: leave it
+            client.socket.disable_monitor()
+            monitor.close(linger=0)
+            client.socket.close(linger=0)
+            ctx.term()
