@@ -28,10 +28,9 @@ from tests.runtime.toy_stages import ToyVocoder, speech_pipeline
 pytestmark = pytest.mark.unit
 
 
-def test_held_messages_reach_the_worker_in_one_delivery(tmp_path):
-    """Between `hold()` and `release()` nothing is delivered; then every message is, as the parts of one ZMQ
-    message, so a worker that drains its inbox before stepping sees all of them or none."""
-    ctx = zmq.Context()
+def client_with_a_stand_in_worker(tmp_path, ctx: zmq.Context) -> ProcessStageClient:
+    """The vocoder stage's process client, with a live process standing in for its worker (the client
+    sends only to a live one); the test reads the inbox itself."""
     stage = speech_pipeline().stage(2)
     client = ProcessStageClient(
         stage,
@@ -47,8 +46,15 @@ def test_held_messages_reach_the_worker_in_one_delivery(tmp_path):
         input_connector="inline",
         zmq_context=ctx,
     )
-    # A live process stands in for the worker (the client sends only to a live one); we read its inbox.
     client.proc = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
+    return client
+
+
+def test_held_messages_reach_the_worker_in_one_delivery(tmp_path):
+    """Between `hold()` and `release()` nothing is delivered; then every message is, as the parts of one ZMQ
+    message, so a worker that drains its inbox before stepping sees all of them or none."""
+    ctx = zmq.Context()
+    client = client_with_a_stand_in_worker(tmp_path, ctx)
     inbox = ctx.socket(zmq.PULL)
     inbox.connect(client.inbox)
     decode = Codec(ToWorker).decode
@@ -108,22 +114,7 @@ def test_a_send_never_blocks_for_good_once_the_worker_socket_is_gone(tmp_path):
     from zmq.utils.monitor import recv_monitor_message
 
     ctx = zmq.Context()
-    stage = speech_pipeline().stage(2)
-    client = ProcessStageClient(
-        stage,
-        StageDeploy(stage_id=2),
-        0,
-        None,
-        on_message=lambda msg: None,
-        stream_tensors=True,
-        ipc_dir=tmp_path,
-        outbox=f"ipc://{tmp_path}/out",
-        owner_pid=0,
-        output_connector="inline",
-        input_connector="inline",
-        zmq_context=ctx,
-    )
-    client.proc = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
+    client = client_with_a_stand_in_worker(tmp_path, ctx)
     monitor = client.socket.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
     inbox = ctx.socket(zmq.PULL)
     inbox.connect(client.inbox)
