@@ -35,6 +35,7 @@ from omnistage.runtime.messages import (
     Shutdown,
     StartRequest,
     StartupFailed,
+    ToWorker,
 )
 from omnistage.runtime.stage_board import BoardSeat, StageBoard
 from omnistage.stages.base import EngineContext, StageInputContext, StageRequest
@@ -379,8 +380,6 @@ class PayloadGone:
 
 def _request_id(frame: Any) -> str | None:
     """The request a message is about, read without its payloads (None if it names none)."""
-    from omnistage.runtime.messages import ToWorker
-
     try:
         return getattr(msgspec.msgpack.Decoder(ToWorker).decode(frame), "request_id", None)
     except (msgspec.DecodeError, msgspec.ValidationError):
@@ -472,7 +471,6 @@ def run_config(cfg: Any) -> bool:
     from omnistage.connectors.shm import ShmConnector
     from omnistage.connectors.tcp import TcpConnector
     from omnistage.runtime.messages import Codec, FromWorker
-    from omnistage.runtime.messages import ToWorker as ToWorkerType
 
     stage = cfg.stage_spec()
     zctx = zmq.Context()
@@ -500,7 +498,7 @@ def run_config(cfg: Any) -> bool:
             stage,
             cfg.replica,
             build,
-            _SocketInbox(inbox, Codec(ToWorkerType).decode),
+            _SocketInbox(inbox, Codec(ToWorker).decode),
             send,
             stream_tensors=cfg.stream_tensors,
             settle_quiet_ms=cfg.deploy.burst_settle_ms,

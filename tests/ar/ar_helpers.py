@@ -267,3 +267,17 @@ def reference_talker(arch: str, prompt: list[int], max_new_tokens: int) -> tuple
                 break
             inputs = torch.cat([inputs, next_embed])
     return tokens, torch.cat(frames)
+
+
+def use_pointwise(lean: Any, pointwise: str) -> None:
+    """Put a lean decoder's pointwise work on torch ops ("torch") or keep it on the native kernels
+    ("native"; the test is skipped only where they cannot be built)."""
+    import pytest
+
+    from omnistage.stages.ar import native
+
+    if pointwise == "torch":
+        lean.native_ops = None
+    elif lean.native_ops is None:
+        assert native.kernels() is None  # only where the kernels cannot be built
+        pytest.skip("the native kernels are not built on this CPU")

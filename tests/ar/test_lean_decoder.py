@@ -9,12 +9,11 @@ import pytest
 import torch
 
 from omnistage.params import SamplingParams
-from omnistage.stages.ar import native
 from omnistage.stages.ar.lean_decoder import LeanDecoder
 from omnistage.stages.ar.loader import cpu_has_native
 from omnistage.stages.ar.packed_linear import BATCH_HINT, PACKED_MAX_ROWS, _is_packed, _packed_linear
 from omnistage.stages.base import StageRequest
-from tests.ar.ar_helpers import make_engine, run
+from tests.ar.ar_helpers import make_engine, run, use_pointwise
 from tests.ar.test_greedy import workload
 
 pytestmark = pytest.mark.engine
@@ -42,11 +41,7 @@ def test_lean_decoder_equals_the_models_forward(arch: str, pointwise: str) -> No
         engine = make_engine(arch, engine_args={"block_size": 8})
         lean = engine.runner.decoder
         assert isinstance(lean, LeanDecoder)
-        if pointwise == "torch":
-            lean.native_ops = None
-        elif lean.native_ops is None:
-            assert native.kernels() is None  # only where the kernels cannot be built
-            pytest.skip("the native kernels are not built on this CPU")
+        use_pointwise(lean, pointwise)
         engine.runner.decoder = recorded(lean if name == "lean" else engine.model.decoder, logs[name])
         requests = [
             StageRequest(f"r{i}", prompt=p, params=SamplingParams(temperature=0.0, max_tokens=8))

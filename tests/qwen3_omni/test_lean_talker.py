@@ -9,9 +9,9 @@ import torch
 
 from omnistage.models.qwen3_omni.loaders import load_talker
 from omnistage.models.qwen3_tts import talker as frames
-from omnistage.stages.ar import native
 from omnistage.stages.ar.lean_decoder import LeanDecoder
 from omnistage.stages.ar.packed_linear import pack_linears, packing_available
+from tests.ar.ar_helpers import use_pointwise
 
 pytestmark = pytest.mark.engine
 
@@ -31,11 +31,7 @@ def test_code_predictor_frame_equals_its_own_forward(omni3_dir, pointwise):
     predictor = model.talker.code_predictor
     lean = frames._frame_decoder(predictor.model, None)
     assert isinstance(lean, LeanDecoder)
-    if pointwise == "torch":
-        lean.native_ops = None
-    elif lean.native_ops is None:
-        assert native.kernels() is None  # only where the kernels cannot be built
-        pytest.skip("the native kernels are not built on this CPU")
+    use_pointwise(lean, pointwise)
 
     gen = torch.Generator().manual_seed(3)
     hidden = torch.randn(5, model.config.hidden_size, generator=gen)

@@ -105,19 +105,17 @@ def residual_codes(
     machinery, over a dense cache (dense_kv.py); else the model's own forward with a `DynamicCache`.
     Returns (codes [S, G-1], the summed embeddings of codes 1.. [S, H])."""
     decoder = _frame_decoder(model, project) if lean else None
-    inputs = torch.stack([hidden, code0_embed], dim=1)
-    codes, total = [], torch.zeros_like(hidden)
     if decoder is not None:
-        cache: Any = DenseKV()
-        run = functools.partial(decoder, **{DENSE_KV_KWARG: cache})
+        run = functools.partial(decoder, **{DENSE_KV_KWARG: DenseKV()})
     else:
         from transformers import DynamicCache
 
-        cache = DynamicCache()
-        run = functools.partial(_own_forward, model, project, cache)
+        run = functools.partial(_own_forward, model, project, DynamicCache())
+    inputs = torch.stack([hidden, code0_embed], dim=1)
+    codes, total, start = [], torch.zeros_like(hidden), 0
     for j, head in enumerate(heads):
-        start = cache.length() if decoder is not None else cache.get_seq_length()
         positions = torch.arange(start, start + inputs.shape[1], device=hidden.device)
+        start += inputs.shape[1]
         out = run(inputs_embeds=inputs, position_ids=positions[None].expand(hidden.shape[0], -1))
         logits = head(out.last_hidden_state[:, -1])
         code = logits.argmax(dim=-1) if pick is None else pick(j, logits)

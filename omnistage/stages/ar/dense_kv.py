@@ -23,9 +23,6 @@ class DenseKV:
         self.key: dict[int, torch.Tensor] = {}
         self.value: dict[int, torch.Tensor] = {}
 
-    def length(self) -> int:
-        return next(iter(self.key.values())).shape[2] if self.key else 0
-
 
 def dense_attention_forward(
     module: torch.nn.Module,
