@@ -75,15 +75,17 @@ def encode_payload(obj: Any) -> tuple[TensorRef, memoryview]:
     return ref, memoryview(np.ascontiguousarray(a)).cast("B")
 
 
-def decode_payload(ref: TensorRef, buf: memoryview | bytes) -> Any:
-    """Rebuild the value from its header and bytes; the result owns a copy of the bytes."""
+def decode_payload(ref: TensorRef, buf: memoryview | bytes | bytearray, owned: bool = False) -> Any:
+    """Rebuild the value from its header and bytes; the result owns a copy of the bytes (`owned`: `buf` is a
+    bytearray of exactly the payload that nothing else holds, so the value takes it without a copy)."""
+    data = buf if owned else bytearray(buf[: ref.nbytes])
     if ref.kind == "torch":
         dtype = _TORCH_DTYPES[ref.dtype]
         if ref.nbytes == 0:
             return torch.empty(ref.shape, dtype=dtype)
-        flat = torch.frombuffer(bytearray(buf[: ref.nbytes]), dtype=torch.uint8)
+        flat = torch.frombuffer(data, dtype=torch.uint8)
         return flat.view(dtype).reshape(ref.shape)
-    array = np.frombuffer(bytes(buf[: ref.nbytes]), dtype=np.dtype(ref.dtype)).reshape(ref.shape).copy()
+    array = np.frombuffer(data, dtype=np.dtype(ref.dtype)).reshape(ref.shape)
     if ref.kind == "pil":
         from PIL import Image
 

@@ -1,4 +1,5 @@
-"""The hibari voice on the generation engine: the library's own synthesis, batched or not, streamed or not."""
+"""The hibari voice on the generation engine, with the library's own synthesis and with the fast one
+(synthesis.py): batched or not, streamed or not."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import pytest
 import torch
 
 from omnistage.config.deploy import StageDeploy
+from omnistage.models.hibari.synthesis import fast_noise, library_noise, synthesize
 from omnistage.models.hibari.units import speech_units
-from omnistage.models.hibari.voice import load_hibari
+from omnistage.models.hibari.voice import HibariVoice, load_hibari
 from omnistage.outputs import StageOutput, StageResult
 from omnistage.params import GenerationParams
 from omnistage.pipelines.hibari import HIBARI_TTS, SPOKEN_CHAT
@@ -24,12 +26,13 @@ TEXTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def engine():
+@pytest.fixture(scope="module", params=["library", "fast"])
+def engine(request):
     from omnistage.models.hibari.voice import create_engine
 
     stage = HIBARI_TTS.stage(0)
-    return create_engine(EngineContext(stage=stage, deploy=StageDeploy(stage_id=0), model_dir=None))
+    deploy = StageDeploy(stage_id=0, engine_args={"synthesis": request.param})
+    return create_engine(EngineContext(stage=stage, deploy=deploy, model_dir=None))
 
 
 def run(engine, requests: list[StageRequest]) -> dict[str, torch.Tensor]:
@@ -58,28 +61,59 @@ def speech_request(engine, rid: str, text: str, seed: int, speed: float = 1.0) -
     return HIBARI_TTS.stage(0).input_processor(ctx)
 
 
-def library_audio(text: str, seed: int, speed: float = 1.0) -> torch.Tensor:
-    """hibari itself, unit by unit, each with the generator the voice stage gives that unit."""
+def reference_audio(synthesis: str, text: str, seed: int, speed: float = 1.0) -> torch.Tensor:
+    """Unit by unit, each with the noise the voice stage gives that unit: hibari itself (`library`), or
+    hibari's network with the fast synthesis (`fast`)."""
     tts = load_hibari()
+    voice = HibariVoice(tts)
     units, _ = speech_units(text, final=True, first=True)
     pieces = []
     for index, ps in enumerate(p for unit in units for p in tts.phonemize(unit)):
-        pieces.append(tts.from_ids(tts.ids(ps), speed, np.random.default_rng([seed, index])))
+        if synthesis == "library":
+            pieces.append(tts.from_ids(tts.ids(ps), speed, np.random.default_rng([seed, index])))
+        else:
+            outputs = voice.spectra(tts.ids(ps), speed)
+            shape = (outputs[0].shape[0], 2 * outputs[0].shape[1])
+            pieces.append(synthesize(outputs, fast_noise(seed, index, shape)))
     return torch.from_numpy(np.concatenate(pieces).astype(np.float32))
 
 
-def test_batched_speech_equals_the_library_sentence_by_sentence(engine) -> None:
+def test_the_fast_synthesis_equals_the_library_given_the_same_noise() -> None:
+    tts = load_hibari()
+    voice = HibariVoice(tts)
+    worst = 0.0
+    for seed, text in enumerate(TEXTS):
+        for index, ps in enumerate(tts.phonemize(text)):
+            for speed in (0.8, 1.0, 1.6):
+                expected = tts.from_ids(tts.ids(ps), speed, np.random.default_rng([seed, index]))
+                outputs = voice.spectra(tts.ids(ps), speed)
+                shape = (outputs[0].shape[0], 2 * outputs[0].shape[1])
+                made = synthesize(outputs, library_noise(seed, index, shape))
+                assert made.dtype == np.float32 and made.shape == expected.shape
+                worst = max(worst, float(np.abs(made - expected).max()))
+    assert worst <= 1e-6, worst  # float32 FFTs in another order; one int16 step is 3e-5
+
+
+def test_the_fast_noise_is_fixed_by_seed_and_sentence() -> None:
+    a, again = fast_noise(3, 1, (601, 400)), fast_noise(3, 1, (601, 400))
+    assert np.array_equal(a, again)
+    assert not np.array_equal(a, fast_noise(3, 2, (601, 400)))
+    assert not np.array_equal(a, fast_noise(4, 1, (601, 400)))
+    assert a.dtype == np.float32 and abs(float(a.mean())) < 0.01 and abs(float(a.std()) - 1) < 0.01
+
+
+def test_batched_speech_equals_the_voice_sentence_by_sentence(engine) -> None:
     solo = {
         f"s{i}": run(engine, [speech_request(engine, f"s{i}", t, seed=i)])[f"s{i}"]
         for i, t in enumerate(TEXTS)
     }
     batched = run(engine, [speech_request(engine, f"s{i}", t, seed=i) for i, t in enumerate(TEXTS)])
     for i, text in enumerate(TEXTS):
-        expected = library_audio(text, seed=i)
+        expected = reference_audio(engine.generator.synthesis, text, seed=i)
         assert torch.equal(solo[f"s{i}"], expected)
         assert torch.equal(batched[f"s{i}"], expected)
     slow = run(engine, [speech_request(engine, "slow", TEXTS[0], seed=0, speed=0.8)])["slow"]
-    assert torch.equal(slow, library_audio(TEXTS[0], seed=0, speed=0.8))
+    assert torch.equal(slow, reference_audio(engine.generator.synthesis, TEXTS[0], seed=0, speed=0.8))
     assert slow.numel() > solo["s0"].numel()  # slower speech is longer
 
 
@@ -130,4 +164,11 @@ def test_a_spoken_reply_streamed_in_equals_the_finished_reply(engine) -> None:
         while started and engine.has_work():
             audio += [out.audio for out in engine.step()]
     assert torch.equal(torch.cat(audio), full)
-    assert torch.equal(full, library_audio(text, seed=7))
+    assert torch.equal(full, reference_audio(engine.generator.synthesis, text, seed=7))
+
+
+def test_an_unknown_synthesis_is_refused_by_name() -> None:
+    from omnistage.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"synthesis: must be one of fast, library, got 'quick'"):
+        HibariVoice(load_hibari(), "quick")

@@ -6,7 +6,9 @@
 sentences: a request's first sentence (its time to first audio) can overtake a long pass.
 
 A sentence's noise comes from its own generator, seeded by (request seed, sentence index): a text spoken
-whole, sentence by sentence, or as it streams in from an LLM gives the same samples.
+whole, sentence by sentence, or as it streams in from an LLM gives the same samples. The waveform is made
+from the network's spectra by hibari's own DSP or by a faster equivalent of it (`engine_args.synthesis`,
+synthesis.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 import torch
 
 from omnistage.errors import ConfigError, InvalidRequestError
+from omnistage.models.hibari.synthesis import SYNTHESES, fast_noise, synthesize
 
 PACKAGE = "hibari-tts"
 PACKAGE_VERSION = "0.2.1"
@@ -74,8 +77,12 @@ class HibariVoice:
     outputs_per_frame = 1  # unused: a sentence's length in samples is the model's to decide
     sample_rate = SAMPLE_RATE
 
-    def __init__(self, tts: Any):
+    def __init__(self, tts: Any, synthesis: str = "library"):
+        if synthesis not in SYNTHESES:
+            choices = ", ".join(SYNTHESES)
+            raise ConfigError(f"engine_args.synthesis: must be one of {choices}, got {synthesis!r}")
         self.tts = tts
+        self.synthesis = synthesis
         self.width = self._max_ids()
 
     def _max_ids(self) -> int:
@@ -120,8 +127,19 @@ class HibariVoice:
 
     def speak(self, row: torch.Tensor, settings: VoiceSettings, index: int) -> torch.Tensor:
         ids = row[row != PAD].tolist()
-        rng = np.random.default_rng([settings.seed, index])
-        return torch.from_numpy(self.tts.from_ids(ids, settings.speed, rng).astype(np.float32))
+        if self.synthesis == "library":
+            rng = np.random.default_rng([settings.seed, index])
+            return torch.from_numpy(self.tts.from_ids(ids, settings.speed, rng).astype(np.float32))
+        if len(ids) < 3:  # what `from_ids` makes of a sentence with no phonemes
+            return torch.empty(0)
+        outputs = self.spectra(ids, settings.speed)
+        noise = fast_noise(settings.seed, index, (outputs[0].shape[0], 2 * outputs[0].shape[1]))
+        return torch.from_numpy(synthesize(outputs, noise))
+
+    def spectra(self, ids: list[int], speed: float) -> list[np.ndarray]:
+        """The network's outputs for one sentence, as `Hibari.from_ids` computes them."""
+        feeds = {"ids": np.asarray([ids], np.int64), "speed": np.asarray([speed], np.float32)}
+        return [out[0] for out in self.tts.sess.run(None, feeds)]
 
 
 def settings_of(params: Any) -> VoiceSettings:
@@ -144,7 +162,7 @@ def create_engine(ctx: Any) -> Any:
     from omnistage.stages.generation.engine import GenerationEngine
 
     threads = int(ctx.engine_args.get("threads", 1))
-    voice = HibariVoice(load_hibari(threads))
+    voice = HibariVoice(load_hibari(threads), str(ctx.engine_args.get("synthesis", "library")))
     voice.sentence_rows("Ready.")  # its G2P loads its lexicons on first use: now, not in a request
     return GenerationEngine(
         voice,
