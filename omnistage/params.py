@@ -6,6 +6,7 @@ so a bad value fails where the user wrote it, with the field's name.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -137,10 +138,16 @@ def params_class(kind: str) -> type[StageParams]:
     return {"ar": SamplingParams, "diffusion": DiffusionParams}.get(str(kind), GenerationParams)
 
 
+@functools.cache
+def _fields(cls: type) -> tuple[msgspec.structs.FieldInfo, ...]:
+    """A params class's fields (msgspec resolves their annotations on every call: once is enough)."""
+    return msgspec.structs.fields(cls)
+
+
 def named_fields(params: StageParams) -> dict[str, Any]:
     """The fields a params object sets away from its class defaults: what it "names" when layered."""
     named = {}
-    for field in msgspec.structs.fields(params):
+    for field in _fields(type(params)):
         value = getattr(params, field.name)
         default = field.default_factory() if field.default_factory is not msgspec.NODEFAULT else field.default
         if field.required or (value is not None if default is None else value != default):

@@ -48,7 +48,8 @@ def as_mono_float32(audio: Any) -> np.ndarray:
         samples = (
             samples.mean(axis=-1) if channels_last else samples.reshape(-1, samples.shape[-1]).mean(axis=0)
         )
-    return np.clip(np.nan_to_num(samples), -1.0, 1.0)
+    samples = np.nan_to_num(samples)  # a copy: the engine's tensor is left as it was
+    return np.clip(samples, -1.0, 1.0, out=samples)
 
 
 def _filter_audio(samples: np.ndarray, sample_rate: int, filters: list[tuple[str, str]]) -> np.ndarray:
@@ -102,7 +103,8 @@ def change_speed(samples: np.ndarray, sample_rate: int, speed: float) -> np.ndar
 
 def pcm16(samples: np.ndarray) -> bytes:
     """Signed 16-bit little-endian PCM, what `pcm` responses and WAV bodies carry."""
-    return (np.clip(samples, -1.0, 1.0) * 32767.0).round().astype("<i2").tobytes()
+    scaled = np.clip(samples, -1.0, 1.0) * 32767.0
+    return np.rint(scaled, out=scaled).astype("<i2").tobytes()
 
 
 def wav_header(sample_rate: int, num_samples: int | None = None) -> bytes:
