@@ -5,10 +5,9 @@ removed by the next start (`sweep_stale_segments`). A segment is unlinked by the
 the reference says it owns it) and, in any case, by the orchestrator when the request ends.
 
 A payload is written and read once, so it goes through the segment's file in /dev/shm (what `shm_open`
-opens) with one `write` and one `readv`, not through `multiprocessing.shared_memory`: that maps the segment
-and, on Python 3.11, registers it with the resource tracker on every open (two pipe writes, a third to
-unregister, and the tracker process's own work), which measured ~12% of the API server's CPU when it
-streams speech.
+opens) with one `write` and one `readv` (into the buffer the value then owns: one copy, not two), not
+through `multiprocessing.shared_memory`: that maps the segment and, on Python 3.11, registers it with a
+resource tracker process on every open, which each side then had to unregister again.
 """
 
 from __future__ import annotations
