@@ -35,7 +35,7 @@ def ticks(pids: list[str]) -> list[int]:
     return out
 
 
-def session(port: int) -> aiohttp.ClientSession:
+def client_session(port: int) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(f"http://127.0.0.1:{port}", connector=aiohttp.TCPConnector(limit=64))
 
 
@@ -44,7 +44,7 @@ async def run(args: argparse.Namespace) -> None:
     if len(ports) != 2:
         raise SystemExit("--ports takes two ports: A,B")
     pids = {p: processes(p) for p in ports}
-    sessions = {p: session(p) for p in ports}
+    sessions = {p: client_session(p) for p in ports}
     rates: dict[int, list[float]] = {p: [] for p in ports}
     spent: dict[int, list[list[int]]] = {p: [] for p in ports}
     try:
