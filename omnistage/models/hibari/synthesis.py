@@ -5,9 +5,10 @@
 - `fast` (the deploys' setting): the same signal model, with the two parts that cost most moved to torch:
   the noise is drawn by torch's generator (~3x numpy's float32 normals on one core) and the pulse train's
   STFT by `torch.fft` (~2x numpy's float32 FFT). Given the same noise it equals `library` within 2e-7
-  (tests/hibari); the noise itself comes from another generator, so a seeded sentence is a different draw of
-  the same voice, fixed by the same (seed, sentence) pair. Measured: the DSP ~29% faster, a sentence's CPU
-  ~10% less, /v1/audio/speech at concurrency 8 ~+11% (benchmarks/RESULTS.md).
+  (measured; tests/hibari asserts 1e-6); the noise itself comes from another generator, so a seeded sentence
+  is a different draw of the same voice, fixed by the same (seed, sentence) pair. Measured: the DSP ~28%
+  faster, a sentence's CPU ~10% less, /v1/audio/speech at concurrency 8 +8 to +12% in two A/B runs
+  (benchmarks/RESULTS.md, 2026-12-04).
 
 A sentence's noise comes from its own generator, seeded by (request seed, sentence index), so a text spoken
 whole, sentence by sentence, or as it streams in from an LLM gives the same samples either way.
