@@ -16,7 +16,6 @@ import contextlib
 import os
 import time
 import uuid
-from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +23,6 @@ from omnistage.connectors.base import TensorRef, decode_payload, encode_payload
 
 PREFIX = "omnistage_"
 SHM_DIR = Path("/dev/shm")
-
-
-def untrack(shm: shared_memory.SharedMemory) -> None:
-    # Python 3.11 registers every segment with the resource tracker of whichever process touches it, which
-    # then unlinks it (and warns) at that process's exit; ownership here is explicit instead.
-    with contextlib.suppress(Exception):
-        resource_tracker.unregister(shm._name, "shared_memory")
 
 
 class ShmConnector:

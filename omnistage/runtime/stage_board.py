@@ -24,16 +24,23 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from multiprocessing import shared_memory
+from multiprocessing import resource_tracker, shared_memory
 
 import msgspec
 
-from omnistage.connectors.shm import PREFIX, release, untrack
+from omnistage.connectors.shm import PREFIX, release
 
 HOLD_S = 0.25  # how long a published first output counts as pending without being renewed
 MAX_WAIT_S = 0.5  # the longest one step of a yielding stage waits
 POLL_S = 0.001
 SOLO_QUIET_S = 0.3  # how long every other seat must have been idle before a stage goes solo
+
+
+def untrack(shm: shared_memory.SharedMemory) -> None:
+    # Python 3.11 registers every segment with the resource tracker of whichever process touches it, which
+    # then unlinks it (and warns) at that process's exit; ownership here is explicit instead.
+    with contextlib.suppress(Exception):
+        resource_tracker.unregister(shm._name, "shared_memory")
 
 
 class BoardSeat(msgspec.Struct, frozen=True):

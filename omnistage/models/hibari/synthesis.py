@@ -16,17 +16,10 @@ whole, sentence by sentence, or as it streams in from an LLM gives the same samp
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 
 SYNTHESES = ("fast", "library")
-
-
-def library_noise(seed: int, index: int, shape: tuple[int, int]) -> np.ndarray:
-    """What `hibari.dsp.synth` draws for one sentence, given the generator the voice stage gives it."""
-    return np.random.default_rng([seed, index]).standard_normal(shape, dtype=np.float32)
 
 
 def fast_noise(seed: int, index: int, shape: tuple[int, int]) -> np.ndarray:
@@ -42,7 +35,7 @@ def synthesize(outputs: list[np.ndarray], noise: np.ndarray) -> np.ndarray:
     from hibari import dsp
 
     lh, theta, ln, lr, phi, f0 = outputs
-    spec = _pulse_stft(dsp, dsp.pulses(f0), lh.shape[1])  # [bins, F], a transposed view
+    spec = _pulse_stft(dsp.pulses(f0), lh.shape[1])  # [bins, F], a transposed view
     harmonic = np.empty(lh.shape, np.complex64)
     angle = np.tanh(theta)
     angle *= np.pi
@@ -61,8 +54,10 @@ def synthesize(outputs: list[np.ndarray], noise: np.ndarray) -> np.ndarray:
     return dsp.ola(harmonic)
 
 
-def _pulse_stft(dsp: Any, x: np.ndarray, frames: int) -> np.ndarray:
+def _pulse_stft(x: np.ndarray, frames: int) -> np.ndarray:
     """`hibari.dsp.stft` (centered, reflect-padded, Hann) with the FFT in torch."""
+    from hibari import dsp
+
     padded = np.pad(x, dsp.N_FFT // 2, mode="reflect")
     windows = np.lib.stride_tricks.sliding_window_view(padded, dsp.N_FFT)[:: dsp.HOP][:frames] * dsp.WIN_SRC
     return torch.fft.rfft(torch.from_numpy(windows), dim=1).numpy().T
