@@ -17,7 +17,7 @@ from openai import OpenAI
 
 from omnistage.demo.whisper import NAME
 from omnistage.serving.media import encode_audio
-from tests.asr import words
+from tests.asr import word_errors, words
 from tests.serving.server_process import ServerProcess
 from tests.whisper.helpers import RATE, SENTENCES, clip
 
@@ -87,6 +87,16 @@ def test_every_response_format(client: OpenAI, reference: str):
     vtt = client.audio.transcriptions.create(model=NAME, file=file, response_format="vtt")
     assert vtt.splitlines()[:3] == ["WEBVTT", "", f"00:00:00.000 --> {_clock(verbose.duration, '.')}"]
     assert vtt.splitlines()[3] == reference
+
+
+def test_the_served_deployment_transcribes_hibari_speech_with_low_word_error_rate(client: OpenAI):
+    """The demo as served (whisper.yaml: the encoder in bf16 where the CPU computes it natively, else float32;
+    test_family checks the float32 path token for token against transformers)."""
+    errors = [
+        word_errors(sentence, client.audio.transcriptions.create(model=NAME, file=("s.wav", _wav(i))).text)
+        for i, sentence in enumerate(SENTENCES)
+    ]
+    assert sum(e for e, _ in errors) / sum(n for _, n in errors) <= 0.2, errors
 
 
 def _clock(seconds: float, sep: str) -> str:

@@ -65,18 +65,27 @@ class AudioBuffer:
         self.chunks.append(samples)
         self.size += len(samples)
 
+    def peek(self, start: int | None = None, end: int | None = None) -> np.ndarray:
+        """The samples between session positions `start` and `end` (default: all), left in the buffer."""
+        return self._whole()[self._offset(start, self.start) : self._offset(end, self.end)]
+
     def take(self, start: int | None = None, end: int | None = None) -> np.ndarray:
         """The samples between session positions `start` and `end` (default: all); everything before `end`
         leaves the buffer."""
-        whole = np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.float32)
-        lo = max(0, (start if start is not None else self.start) - self.start)
-        hi = min(self.size, (end if end is not None else self.end) - self.start)
-        taken = whole[lo:hi]
+        whole = self._whole()
+        hi = self._offset(end, self.end)
+        taken = whole[self._offset(start, self.start) : hi]
         rest = whole[hi:]
         self.chunks = [rest] if len(rest) else []
         self.start += hi
         self.size = len(rest)
         return taken
+
+    def _whole(self) -> np.ndarray:
+        return np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.float32)
+
+    def _offset(self, position: int | None, default: int) -> int:
+        return min(self.size, max(0, (position if position is not None else default) - self.start))
 
     def clear(self) -> None:
         self.start, self.chunks, self.size = self.end, [], 0

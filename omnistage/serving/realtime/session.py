@@ -4,8 +4,10 @@ The session is a serving object over ordinary requests: a response is one chat r
 (`response.py`), a transcript one transcription request (`transcription.py`). Everything the client sends is
 validated first (`events.py`); a bad event gets an `error` event and changes nothing. With server VAD, speech
 that starts while a response is being made or played cancels it and clears its audio (barge-in), and the end
-of speech commits the buffer and asks for a response. A session whose client sends nothing while nothing is
-being answered is closed after the idle timeout.
+of speech commits the buffer and asks for a response. The turn's transcript starts when the speech pauses,
+on the very audio the turn will hold if the pause lasts (`vad.py`): the silence wait that tells a pause from
+the end of the turn overlaps the transcription; speech that resumes drops it. A session whose client sends
+nothing while nothing is being answered is closed after the idle timeout.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class RealtimeSession:
         self.vad: SpeechDetector | None = None
         self.speech_item: str | None = None  # the item id of the speech the VAD is hearing
         self.speech_start = 0
+        self.early: tuple[int, int, asyncio.Future] | None = None  # a paused turn's transcript: start, end
         self.conversation = Conversation()
         self.response: Response | None = None
         self.background: set[asyncio.Task] = set()
@@ -154,11 +157,13 @@ class RealtimeSession:
             raise BadEvent(exc.message, exc.param) from None
         turn_changed = config.audio.input.turn_detection != self.config.audio.input.turn_detection
         self.config = config
+        self._drop_early()  # it ran with the settings before
         if turn_changed:
             self._reset_vad()
 
     def _reset_vad(self) -> None:
         turn = self.config.audio.input.turn_detection
+        self._drop_early()
         self.speech_item = None
         self.vad = (
             None
@@ -182,12 +187,17 @@ class RealtimeSession:
                     item_id=self.speech_item,
                 )
                 await self._barge_in()
-            elif self.speech_item is not None:
+            elif vad_event.kind == "paused" and self.speech_item is not None:
+                self._transcribe_early(vad_event.position)
+            elif vad_event.kind == "resumed":
+                self._drop_early()
+            elif vad_event.kind == "stopped" and self.speech_item is not None:
                 item_id, self.speech_item = self.speech_item, None
                 await self.send(
                     "input_audio_buffer.speech_stopped", audio_end_ms=ms(vad_event.position), item_id=item_id
                 )
-                await self._commit(self.buffer.take(self.speech_start, vad_event.position), item_id)
+                early = self._take_early(self.speech_start, vad_event.position)
+                await self._commit(self.buffer.take(self.speech_start, vad_event.position), item_id, early)
                 turn = self.config.audio.input.turn_detection
                 if turn is not None and turn.create_response and not self._responding():
                     await self._respond(ResponseOptions())
@@ -206,26 +216,67 @@ class RealtimeSession:
             await self.send("output_audio_buffer.cleared", response_id=response.id)
         response.first_audio_at = None  # nothing of it plays any more
 
-    async def _commit(self, samples: Any, item_id: str | None = None) -> None:
-        """The audio as a new user item of the conversation (`input_audio_buffer.committed`)."""
+    async def _commit(
+        self, samples: Any, item_id: str | None = None, early: asyncio.Future | None = None
+    ) -> None:
+        """The audio as a new user item of the conversation (`input_audio_buffer.committed`); `early`: its
+        transcript, already under way."""
         item = Item(item_id or new_id("item"), "user", "input_audio", audio=samples)
-        await self._add_item(item, committed=True)
+        await self._add_item(item, committed=True, early=early)
 
-    async def _add_item(self, item: Item, committed: bool = False) -> None:
+    def _wants_transcript(self) -> bool:
+        return self.config.audio.input.transcription is not None or not self.hears_audio
+
+    def _transcribe_early(self, end: int) -> None:
+        """Starts the transcript of the speech so far (up to `end`, the turn's end should the pause last)."""
+        self._drop_early()
+        if not self._wants_transcript():
+            return
+        audio = self.buffer.peek(self.speech_start, end)
+        task = self._in_background(
+            transcription.transcribe(self.ctx, self.config.audio.input.transcription, audio)
+        )
+        self.early = (self.speech_start, end, task)
+
+    def _take_early(self, start: int, end: int) -> asyncio.Future | None:
+        """The early transcript of exactly the audio between `start` and `end`, if one is under way."""
+        early, self.early = self.early, None
+        if early is not None and early[:2] == (start, end):
+            return early[2]
+        if early is not None:
+            early[2].cancel()
+        return None
+
+    def _drop_early(self) -> None:
+        if self.early is not None:
+            self.early[2].cancel()  # aborts its request in the stages (generation.py); not awaited here
+            self.early = None
+
+    def _in_background(self, work: Any) -> asyncio.Future:
+        task = asyncio.ensure_future(work)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no "never retrieved"
+        return task
+
+    async def _add_item(
+        self, item: Item, committed: bool = False, early: asyncio.Future | None = None
+    ) -> None:
         if item.kind == "input_audio":
-            wanted = self.config.audio.input.transcription
-            if wanted is not None or not self.hears_audio:
-                item.heard = self._transcribe(item, wanted)
+            if self._wants_transcript():
+                item.heard = self._transcribe(item, self.config.audio.input.transcription, early)
+            elif early is not None:
+                early.cancel()
         previous = self.conversation.add(item)
         if committed:
             await self.send("input_audio_buffer.committed", previous_item_id=previous, item_id=item.id)
         await self.send("conversation.item.added", previous_item_id=previous, item=item.public("in_progress"))
         await self.send("conversation.item.done", previous_item_id=previous, item=item.public())
 
-    def _transcribe(self, item: Item, wanted: Any) -> asyncio.Future:
+    def _transcribe(self, item: Item, wanted: Any, early: asyncio.Future | None = None) -> asyncio.Future:
         async def run() -> str:
             try:
-                text = await transcription.transcribe(self.ctx, wanted, item.audio)
+                text = await (early or transcription.transcribe(self.ctx, wanted, item.audio))
             except Exception as exc:
                 error = {"type": "server_error", "code": "transcription_failed", "message": str(exc)}
                 if isinstance(exc, OmniError):
@@ -248,11 +299,7 @@ class RealtimeSession:
             )
             return text
 
-        task = asyncio.ensure_future(run())
-        self.background.add(task)
-        task.add_done_callback(self.background.discard)
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no "never retrieved"
-        return task
+        return self._in_background(run())
 
     async def _create_item(self, event: dict[str, Any]) -> None:
         message = validated(MessageItem, event.get("item"), "item")

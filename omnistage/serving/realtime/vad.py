@@ -3,6 +3,12 @@
 Speech starts at the first 32 ms window whose speech probability reaches the threshold and stops once
 `silence_duration_ms` have stayed under it (less 0.15, silero's own hysteresis). The model sees 16 kHz:
 each 768-sample window of the API's 24 kHz audio is resampled to its 512 samples.
+
+A turn's audio ends `END_PADDING_MS` after the speech (the quiet past that is only the wait that tells a
+pause from the turn's end), so it is known as soon as the speech pauses: the detector reports the pause
+("paused", with the turn's end position should the pause last) and, if speech comes back before the
+silence wait is over, "resumed". A session can start on the turn (its transcript) at the pause, and it is
+exactly the audio "stopped" then ends the turn with.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ WINDOW = 512  # samples at 16 kHz
 STEP = WINDOW * SAMPLE_RATE // VAD_RATE  # the same 32 ms at 24 kHz
 CONTEXT = 64
 HYSTERESIS = 0.15
+END_PADDING_MS = 128  # the quiet kept after the speech in a turn's audio (four windows)
 
 
 @functools.cache
@@ -36,8 +43,9 @@ def silero_session() -> Any:
 
 @dataclasses.dataclass
 class VadEvent:
-    kind: str  # "started" | "stopped"
-    position: int  # session position in samples: where speech (with its prefix padding) began, or ended
+    kind: str  # "started" | "paused" | "resumed" | "stopped"
+    position: int  # session position in samples: where speech (with its prefix padding) began; where the
+    # turn's audio ends (paused, stopped: the speech and its end padding); where speech resumed
 
 
 class SpeechDetector:
@@ -51,8 +59,10 @@ class SpeechDetector:
         self.pending = np.zeros(0, np.float32)
         self.state = np.zeros((2, 1, 128), np.float32)
         self.context = np.zeros((1, CONTEXT), np.float32)
+        self.tail = min(self.silence, END_PADDING_MS * SAMPLE_RATE // 1000)
         self.speaking = False
         self.quiet_since: int | None = None
+        self.paused = False  # "paused" was reported for the current quiet stretch
 
     def feed(self, samples: np.ndarray) -> list[VadEvent]:
         self.pending = np.concatenate([self.pending, samples.astype(np.float32)])
@@ -66,11 +76,17 @@ class SpeechDetector:
                 events.append(VadEvent("started", max(0, start - self.prefix)))
             elif self.speaking and prob < self.threshold - HYSTERESIS:
                 self.quiet_since = start if self.quiet_since is None else self.quiet_since
+                end = self.quiet_since + self.tail
                 if self.position - self.quiet_since >= self.silence:
-                    self.speaking, self.quiet_since = False, None
-                    events.append(VadEvent("stopped", self.position))
+                    self.speaking, self.quiet_since, self.paused = False, None, False
+                    events.append(VadEvent("stopped", end))
+                elif not self.paused and self.position >= end:
+                    self.paused = True
+                    events.append(VadEvent("paused", end))
             elif self.speaking:
-                self.quiet_since = None
+                if self.paused:
+                    events.append(VadEvent("resumed", start))
+                self.quiet_since, self.paused = None, False
         return events
 
     def probability(self, window: np.ndarray) -> float:
