@@ -55,3 +55,39 @@ def test_spoken_question_is_transcribed_answered_and_spoken(realtime_client: Ope
     spoken = np.frombuffer(pcm, "<i2")
     assert wer(answer, whisper(realtime_client, spoken)) <= 0.3
     wait_idle(http, CHAT)
+
+
+def test_a_pause_inside_the_turn_drops_its_early_transcript_and_the_turn_is_heard_whole(
+    realtime_client: OpenAI, http, question
+):
+    """The question twice, 0.25 s apart (a pause the VAD reports, shorter than the 0.6 s silence wait): the
+    transcript started at the pause is dropped when the speech resumes (its request aborted in Whisper's
+    stages), and the turn's transcript is Whisper's of the whole committed turn."""
+    voiced = np.nonzero(np.abs(question) > 0.01 * np.abs(question).max())[0]
+    spoken = question[: voiced[-1] + 1]  # without the clip's own trailing quiet
+    turn = spoken_turn(np.concatenate([spoken, np.zeros(RATE // 4, np.int16), spoken]))
+    seen = []
+    with realtime_client.realtime.connect(model=CHAT) as conn:
+        turn_detection = {"type": "server_vad", "silence_duration_ms": 600}
+        conn.session.update(
+            session={
+                "type": "realtime",
+                "temperature": 0.0,
+                "max_output_tokens": 4,
+                "audio": {"input": {"turn_detection": turn_detection}},
+            }
+        )
+        for audio in chunks(turn, seed=3):
+            conn.input_audio_buffer.append(audio=audio)
+        done = recv_until(conn, "response.done", seen)
+    assert done.response.status == "completed"
+    assert [e.type for e in seen].count("input_audio_buffer.committed") == 1
+    heard = next(e for e in seen if e.type == "conversation.item.input_audio_transcription.completed")
+    started = next(e for e in seen if e.type == "input_audio_buffer.speech_started")
+    stopped = next(e for e in seen if e.type == "input_audio_buffer.speech_stopped")
+    assert stopped.audio_end_ms > 1000 * (RATE // 2 + 2 * len(spoken)) / RATE  # both questions are in it
+    segment = turn[started.audio_start_ms * RATE // 1000 : stopped.audio_end_ms * RATE // 1000]
+    assert heard.transcript == whisper(realtime_client, segment)
+    assert len(heard.transcript.split()) > len(whisper(realtime_client, spoken).split())
+    wait_idle(http, WHISPER)
+    wait_idle(http, CHAT)
