@@ -240,11 +240,10 @@ class RealtimeSession:
 
     def _take_early(self, start: int, end: int) -> asyncio.Future | None:
         """The early transcript of exactly the audio between `start` and `end`, if one is under way."""
-        early, self.early = self.early, None
-        if early is not None and early[:2] == (start, end):
-            return early[2]
-        if early is not None:
-            early[2].cancel()
+        if self.early is not None and self.early[:2] == (start, end):
+            task, self.early = self.early[2], None
+            return task
+        self._drop_early()
         return None
 
     def _drop_early(self) -> None:
@@ -262,11 +261,9 @@ class RealtimeSession:
     async def _add_item(
         self, item: Item, committed: bool = False, early: asyncio.Future | None = None
     ) -> None:
-        if item.kind == "input_audio":
-            if self._wants_transcript():
-                item.heard = self._transcribe(item, self.config.audio.input.transcription, early)
-            elif early is not None:
-                early.cancel()
+        # an early transcript exists only when one is wanted (a session.update drops it)
+        if item.kind == "input_audio" and self._wants_transcript():
+            item.heard = self._transcribe(item, self.config.audio.input.transcription, early)
         previous = self.conversation.add(item)
         if committed:
             await self.send("input_audio_buffer.committed", previous_item_id=previous, item_id=item.id)
@@ -276,7 +273,9 @@ class RealtimeSession:
     def _transcribe(self, item: Item, wanted: Any, early: asyncio.Future | None = None) -> asyncio.Future:
         async def run() -> str:
             try:
-                text = await (early or transcription.transcribe(self.ctx, wanted, item.audio))
+                text = await (
+                    early if early is not None else transcription.transcribe(self.ctx, wanted, item.audio)
+                )
             except Exception as exc:
                 error = {"type": "server_error", "code": "transcription_failed", "message": str(exc)}
                 if isinstance(exc, OmniError):
