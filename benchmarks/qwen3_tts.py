@@ -11,7 +11,12 @@ streams: time to first audio at concurrency 1, audio-seconds per second at concu
 8 in flight), RTF (a request's latency / its audio length, p50) at both. Targets (issue 28): time to first
 audio ≤ 0.25x the reference's time to its whole waveform, audio-seconds per second ≥ 4x the reference's.
 
-    python benchmarks/qwen3_tts.py [--requests 8] [--frames 40]
+Both sides compute in the same dtypes: float32 by default (the checkpoint's), or as asked with
+`--talker-dtype` (talker and code predictor) and `--codec-dtype` (the codec decoder); the reference casts its
+modules as a user would (`.to(dtype)`), omnistage deploys the stages with that `dtype`.
+
+    python benchmarks/qwen3_tts.py [--requests 8] [--frames 40] [--talker-dtype float32|bfloat16]
+                                   [--codec-dtype float32|bfloat16]
 """
 
 from __future__ import annotations
@@ -73,11 +78,11 @@ def reference_requests(model_dir: Path, texts: list[str], frames: int) -> list[d
     ]  # fmt: skip
 
 
-def run_reference(model_dir: Path, texts: list[str], frames: int) -> dict:
+def run_reference(model_dir: Path, texts: list[str], frames: int, dtypes: tuple[str, str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         spec, out = Path(tmp) / "requests.json", Path(tmp) / "out.pt"
         spec.write_text(json.dumps(reference_requests(model_dir, texts, frames)))
-        call_reference("bench", str(model_dir), str(spec), str(out))
+        call_reference("bench", str(model_dir), str(spec), str(out), *dtypes)
         got = torch.load(out)
     audio = [len(w) / RATE for w in got["wavs"]]
     seconds = got["seconds"]
@@ -101,9 +106,17 @@ def talker_params(frames: int) -> SamplingParams:
 
 
 async def run_omnistage(
-    model_dir: Path, texts: list[str], frames: int, concurrency: int, async_chunk: bool = True
+    model_dir: Path,
+    texts: list[str],
+    frames: int,
+    concurrency: int,
+    dtypes: tuple[str, str],
+    async_chunk: bool = True,
 ) -> dict:
-    overrides = {"0": {"max_num_seqs": max(concurrency, 1)}, "1": {"async_chunk": async_chunk}}
+    overrides = {
+        "0": {"max_num_seqs": max(concurrency, 1), "dtype": dtypes[0]},
+        "1": {"async_chunk": async_chunk, "dtype": dtypes[1]},
+    }
     omni = AsyncOmni(str(model_dir), stage_overrides=overrides)
     params = [talker_params(frames), None]
 
@@ -153,7 +166,11 @@ def main() -> None:
     )
     parser.add_argument("--requests", type=int, default=8, help="requests per side (texts cycle)")
     parser.add_argument("--frames", type=int, default=40, help="frames per request (12.5 a second of audio)")
+    kinds = ("float32", "bfloat16")
+    parser.add_argument("--talker-dtype", choices=kinds, default="float32", help="both sides' talker")
+    parser.add_argument("--codec-dtype", choices=kinds, default="float32", help="both sides' codec")
     args = parser.parse_args()
+    dtypes = (args.talker_dtype, args.codec_dtype)
     if not (reference_venv() / STAMP).exists():
         sys.exit(f"the Qwen3-TTS reference venv {reference_venv()} is absent: run `make qwen3-tts-reference`")
     started = time.perf_counter()
@@ -162,15 +179,16 @@ def main() -> None:
     print(
         f"Qwen3-TTS bench checkpoint {model_dir} (ready in {time.perf_counter() - started:.0f} s): "
         f"{args.requests} requests of {args.frames} frames ({args.frames / 12.5:.1f} s of audio) each; "
+        f"talker {dtypes[0]}, codec {dtypes[1]}; "
         f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )
-    ref = run_reference(model_dir, texts, args.frames)
+    ref = run_reference(model_dir, texts, args.frames, dtypes)
     print(f"reference, one at a time: time to whole waveform p50 {ref['ttfa_p50']:.2f} s", flush=True)
-    solo = asyncio.run(run_omnistage(model_dir, texts, args.frames, 1))
+    solo = asyncio.run(run_omnistage(model_dir, texts, args.frames, 1, dtypes))
     print(f"omnistage c=1: time to first audio p50 {solo['ttfa_p50']:.3f} s", flush=True)
-    many = asyncio.run(run_omnistage(model_dir, texts, args.frames, 8))
-    whole = asyncio.run(run_omnistage(model_dir, texts, args.frames, 8, async_chunk=False))
+    many = asyncio.run(run_omnistage(model_dir, texts, args.frames, 8, dtypes))
+    whole = asyncio.run(run_omnistage(model_dir, texts, args.frames, 8, dtypes, async_chunk=False))
     rows = [
         ("reference, one at a time", ref),
         ("omnistage, concurrency 1", solo),
@@ -186,7 +204,7 @@ def main() -> None:
         f"{many['audio_per_s'] / ref['audio_per_s']:.2f}x (target >= 4x); full handoff "
         f"{whole['audio_per_s'] / ref['audio_per_s']:.2f}x\n"
         f"waveform max |omnistage - reference|: full handoff {max_diff(whole['wavs'], ref['wavs']):.2e}; "
-        f"async chunk (25-frame chunks, 25 frames of left context; the reference decodes in one pass) "
+        f"async chunk (25-frame chunks, each continuing its stream; the reference decodes in one pass) "
         f"c=1 {max_diff(solo['wavs'], ref['wavs']):.2e}, c=8 {max_diff(many['wavs'], ref['wavs']):.2e}"
     )
 

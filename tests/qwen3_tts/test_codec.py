@@ -1,6 +1,7 @@
 """The codec-decoder stage on the generation engine: the full-handoff waveform equals the reference codec's
-decode within 1e-4 (fp32); async chunks joined equal chunked decodes of the same windows, and with the
-decoder's receptive field as left context, the one-pass waveform."""
+decode within 1e-4 (fp32); async chunks decoded as streams (the default) or with the decoder's receptive
+field as left context join into the one-pass waveform; with 25 frames of context they equal the reference's
+own chunked decode."""
 
 from __future__ import annotations
 
@@ -98,6 +99,30 @@ def test_full_handoff_equals_reference() -> None:
         assert float(want.std()) > 0.1 and float((want.abs() > 0.999).float().mean()) < 0.05  # not clamped
 
 
+def test_streamed_chunks_join_into_the_one_pass_waveform_and_free_their_state() -> None:
+    """The default async chunk: each chunk decoded once, continuing its request's layer states, joins into
+    the one-pass decode (rounding apart, as with receptive-field context: float64 gives 3e-13); a request's
+    state goes when it ends or is aborted."""
+    codes = streamed_codes()
+    eng = engine(async_chunk=True, chunk_frames=25, first_chunk_frames=4)
+    codec, generator = eng.generator.codec, eng.generator
+    assert eng.streams and eng.left_context == 0
+    got = stream(eng, codes)
+    assert generator.streams == {}
+    for i, c in enumerate(codes):
+        with torch.no_grad():
+            one_pass = codec(c.T[None])[0, 0]
+        assert got[f"r{i}"].shape == one_pass.shape
+        err = (got[f"r{i}"] - one_pass).abs()
+        assert err.max() <= ASYNC_TOLERANCE and err.mean() <= 2e-5, i
+    eng.add_request(StageRequest("cut", inputs={"codes": codes[-1][:30]}, streaming_input=True))
+    outputs = eng.step()  # its first chunk: the stream starts
+    assert [out.request_id for out in outputs] == ["cut"] and not outputs[0].finished
+    assert "cut" in generator.streams
+    eng.abort("cut")
+    assert generator.streams == {} and not eng.has_work()
+
+
 def test_async_chunks_join_into_the_one_pass_waveform_with_receptive_field_context() -> None:
     """With the decoder's receptive field as left context every chunk's samples are those of the one-pass
     decode: nothing further back reaches them (all layers causal; see CodecDecoder.context_frames)."""
@@ -115,11 +140,11 @@ def test_async_chunks_join_into_the_one_pass_waveform_with_receptive_field_conte
 
 
 def test_async_chunks_with_short_context_equal_the_references_chunking() -> None:
-    """The default context (25 frames, as the reference's own chunked decode): the joined audio equals
-    the reference decoder's `chunked_decode` with 25-frame chunks and 25 frames of context, and differs
-    from the one-pass decode once a chunk's context is cut (random weights reach far back)."""
+    """25 frames of context (the reference's own chunked decode): the joined audio equals the reference
+    decoder's `chunked_decode` with 25-frame chunks and 25 frames of context, and differs from the
+    one-pass decode once a chunk's context is cut (random weights reach far back)."""
     codes = streamed_codes()
-    eng = engine(async_chunk=True, chunk_frames=25, max_chunk_frames=25)
+    eng = engine(async_chunk=True, chunk_frames=25, max_chunk_frames=25, left_context_frames=25)
     codec = eng.generator.codec
     got = stream(eng, codes, piece=5)
     long = codes[-1]

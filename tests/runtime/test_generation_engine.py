@@ -218,3 +218,55 @@ def test_a_first_chunk_overtakes_a_pass_in_progress():
 
     engine, order, _ = run(StepwiseVocoder(outputs_per_frame=2), abort=True)
     assert order == ["new", "a", "c"] and engine.stats()["num_requests"] == 0
+
+
+class RunningSum:
+    """A causal generator that carries its streams: frame t's output is the sum of the stream's codes up to
+    t, repeated `outputs_per_frame` times. It counts the frames it is fed."""
+
+    outputs_per_frame, sample_rate = 3, 16000
+
+    def __init__(self):
+        self.streams: dict[str, float] = {}
+        self.fed = 0
+
+    def generate(self, windows, params, stream_ids=None):
+        outs = []
+        for i, codes in enumerate(windows):
+            start = self.streams.get(stream_ids[i], 0.0) if stream_ids else 0.0
+            sums = start + torch.cumsum(codes.double(), 0)
+            if stream_ids:
+                self.streams[stream_ids[i]] = float(sums[-1]) if len(sums) else start
+            self.fed += len(codes)
+            outs.append(sums.repeat_interleave(self.outputs_per_frame))
+        return outs
+
+    def end_stream(self, stream_id):
+        self.streams.pop(stream_id, None)
+
+
+def test_streams_feed_each_frame_once_and_end_with_their_requests():
+    """A streaming generator gets every frame once, context frames first (decoded, never emitted); the
+    joined chunks equal the one-pass output; its state goes when the request ends or is aborted."""
+    gen = RunningSum()
+    engine = GenerationEngine(gen, chunk_size=4, first_chunk_size=2, streams=True)
+    codes = torch.arange(1, 24)
+    engine.add_request(
+        StageRequest("r", inputs={"codes": codes[:5], "context_frames": 3}, streaming_input=True)
+    )
+    outs = drain(engine)
+    for start in range(5, 23, 5):
+        engine.add_chunk("r", {"codes": codes[start : start + 5]}, last=start + 5 >= 23)
+        outs.extend(drain(engine))
+    assert outs[-1].finished and len(outs) > 2
+    one_pass = torch.cumsum(codes.double(), 0).repeat_interleave(3)
+    assert torch.equal(joined(outs, "r"), one_pass[3 * 3 :])  # the context frames' output is not emitted
+    assert gen.fed == len(codes) and gen.streams == {}
+    engine.add_request(StageRequest("cut", inputs={"codes": codes[:6]}, streaming_input=True))
+    assert not drain(engine)[-1].finished and "cut" in gen.streams
+    engine.abort("cut")
+    assert gen.streams == {}
+    with pytest.raises(ValueError, match="no left or right context"):
+        GenerationEngine(gen, chunk_size=4, left_context=2, streams=True)
+    with pytest.raises(ValueError, match="cannot carry streams"):
+        GenerationEngine(ToyVocoder(), chunk_size=4, streams=True)

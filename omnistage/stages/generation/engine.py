@@ -13,6 +13,11 @@ The first chunk's size may follow the load (`first_chunk_sizes`, e.g. [2, 4, 8, 
 stage is nearly idle, the largest when it is full, chosen as a request arrives from active requests /
 `max_num_seqs`), and a request may ask its own (`inputs["first_chunk_frames"]`; 0: the regular chunk).
 
+A causal generator that can carry a stream's state from one call to the next (`end_stream`, see
+`Generator`) can decode chunks with no context at all (`streams=True`): each request's frames are fed to it
+once, in order, under the request's id, and it is told when the request ends. Its chunks then cost only
+their own frames, and join into the one-pass output (up to float rounding) instead of approximating it.
+
 A generator that can pause (`generate_steps`, yielding between units of work such as ODE steps) lets a
 request's first chunk overtake a long pass already running: the engine advances one unit per `step()`, and
 a first-chunk pass, when there is one, goes before the pass it interrupted (time to first audio waits for
@@ -43,6 +48,10 @@ class Generator(Protocol):
     each window's first frame index in its request's input. One that can skip work on the context it will
     not emit sets `emits_spans = True` and also gets `spans`, each window's (first emitted frame, count):
     it then returns only those frames' output.
+
+    A causal generator may carry state between calls: called as `generate(windows, params, stream_ids)`,
+    each window continues the stream of that id (a new id: a new stream), and `end_stream(id)` drops a
+    stream's state. The engine uses this only when built with `streams=True`.
 
     A generator may also offer `generate_steps(...)`, the same call (same arguments as its `generate`) as
     a Python generator that yields between units of work and returns the outputs: the engine then runs it
@@ -87,6 +96,7 @@ class _Request:
     in_flight: bool = False  # inside a pass that has not finished
     reported: bool = False  # an output has been sent
     first_chunk: int | None = None  # this request's first chunk size (None: the engine's)
+    fed: int = 0  # frames already fed to a streaming generator (it carries their state)
 
     @property
     def fresh(self) -> bool:
@@ -113,6 +123,7 @@ class GenerationEngine:
         first_chunk_size: int | None = None,
         first_right_context: int | None = None,
         first_chunk_sizes: list[int] | None = None,
+        streams: bool = False,
     ):
         if chunk_size is not None and chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
@@ -134,6 +145,12 @@ class GenerationEngine:
         self.right_context = right_context
         # The first chunk may also look less far ahead: its audio waits for fewer input frames.
         self.first_right_context = right_context if first_right_context is None else first_right_context
+        # Chunks continue each request's stream in the generator (no context recomputed); async chunk only.
+        self.streams = streams and chunk_size is not None
+        if self.streams and not callable(getattr(generator, "end_stream", None)):
+            raise ValueError(f"{type(generator).__name__} cannot carry streams (no end_stream)")
+        if self.streams and (left_context or right_context):
+            raise ValueError("a streaming generator takes no left or right context")
         self.input_key = input_key
         self.output_key = output_key
         self.requests: dict[str, _Request] = {}
@@ -172,7 +189,12 @@ class GenerationEngine:
         state.complete = state.complete or last
 
     def abort(self, request_id: str) -> None:
-        self.requests.pop(request_id, None)
+        if self.requests.pop(request_id, None) is not None:
+            self._end_stream(request_id)
+
+    def _end_stream(self, request_id: str) -> None:
+        if self.streams:
+            self.generator.end_stream(request_id)
 
     def has_work(self) -> bool:
         if self.paused:
@@ -217,9 +239,11 @@ class GenerationEngine:
     def _start(self, batch: list[tuple[str, _Request, int, int]]) -> _Pass:
         windows, params, starts, spans = [], [], [], []
         for _, state, start, end in batch:
-            # A one-pass decode reads all of a request's context frames; a chunked one its left context.
+            # A one-pass decode reads all of a request's context frames; a chunked one its left context; a
+            # stream every frame it has not fed yet (its context frames, then each chunk once).
             back = max(self.left_context, state.context if self.chunk_size is None else 0)
-            lo = max(0, start - back)
+            lo = state.fed if self.streams else max(0, start - back)
+            state.fed = end
             right = self.first_right_context if state.fresh else self.right_context
             hi = min(state.available, end + right)
             windows.append(state.inputs()[lo:hi])
@@ -228,7 +252,9 @@ class GenerationEngine:
             spans.append((start - lo, end - start))
             state.in_flight = True
         args: tuple[Any, ...] = (windows, params)
-        if getattr(self.generator, "emits_spans", False):
+        if self.streams:
+            args = (windows, params, [rid for rid, _, _, _ in batch])
+        elif getattr(self.generator, "emits_spans", False):
             args = (windows, params, starts, spans)
         elif getattr(self.generator, "positional", False):
             args = (windows, params, starts)
@@ -249,6 +275,8 @@ class GenerationEngine:
             results = done.value
         except BaseException:  # the worker fails the pass's requests; the slot must not stay taken
             self._release(run)
+            for rid, _, _, _ in run.batch:  # a stream cut mid-pass cannot go on
+                self._end_stream(rid)
             raise
         else:
             return []
@@ -259,6 +287,7 @@ class GenerationEngine:
         outputs = []
         for (rid, state, _, end), result, (skip, count) in zip(run.batch, results, run.spans, strict=True):
             if self.requests.get(rid) is not state:  # aborted while its pass ran
+                self._end_stream(rid)
                 continue
             piece = result if emits_spans else result[skip * per : (skip + count) * per]
             outputs.append(self._output(rid, state, end, piece))
@@ -278,6 +307,7 @@ class GenerationEngine:
         done = state.complete and state.emitted >= state.available
         if done:
             del self.requests[rid]
+            self._end_stream(rid)
         out = StageOutput(rid, finished=done, finish_reason="stop" if done else None)
         if first:
             out.token_counts = state.request.token_counts

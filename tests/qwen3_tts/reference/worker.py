@@ -366,19 +366,22 @@ def icl(model_dir: str, requests_json: str, audio_pt: str, out_pt: str) -> None:
     torch.save(result, out_pt)
 
 
-def bench(model_dir: str, requests_json: str, out_pt: str) -> None:
+def bench(model_dir: str, requests_json: str, out_pt: str, talker_dtype: str = "float32",
+          codec_dtype: str = "float32") -> None:  # fmt: skip
     """The reference as a user calls it, one request at a time on every core: greedy `generate`, then the
     codec's `decode` of its codes; per request the seconds to the whole waveform, its codes and waveform.
-    One untimed request first (the reference's first call warms up for seconds)."""
+    One untimed request first (the reference's first call warms up for seconds). The dtypes: the model's
+    (talker, code predictor) and the codec's, as a user would cast them (`.to(dtype)`)."""
     import os
     import time
 
     torch.set_num_threads(os.cpu_count() or 1)
-    model = load(model_dir)
+    model = load(model_dir).to(getattr(torch, talker_dtype))
     import_reference()
     from qwen_tts.inference.qwen3_tts_tokenizer import Qwen3TTSTokenizer
 
     codec = Qwen3TTSTokenizer.from_pretrained(str(Path(model_dir) / "speech_tokenizer")).model.eval()
+    codec = codec.to(getattr(torch, codec_dtype))
     requests = json.loads(Path(requests_json).read_text())
 
     def speak(req: dict) -> tuple[torch.Tensor, torch.Tensor]:
