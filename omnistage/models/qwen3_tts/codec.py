@@ -35,6 +35,8 @@ class StreamState(dict):
 
 
 class CausalConv(nn.Module):
+    """A causal conv over [B, C, T], or over the decoder's channels-last [B, C, 1, T] (see CodecDecoder)."""
+
     def __init__(self, cin: int, cout: int, kernel: int, dilation: int = 1, stride: int = 1, groups: int = 1):
         super().__init__()
         self.conv = nn.Conv1d(cin, cout, kernel, stride=stride, dilation=dilation, groups=groups)
@@ -44,61 +46,84 @@ class CausalConv(nn.Module):
 
     def forward(self, x: torch.Tensor, state: StreamState | None = None) -> torch.Tensor:
         length = x.shape[-1]
-        if state is not None and self.stride == 1:  # the padding is this stream's last inputs
+        if self.stride == 1:
             conv = self.conv
-            x = _carry(state, self, x, self.padding)
-            return F.conv1d(x, conv.weight, conv.bias, 1, 0, conv.dilation, conv.groups)
-        if self.stride == 1:  # the zero padding inside the convolution: no padded copy of x
-            conv = self.conv
-            out = F.conv1d(x, conv.weight, conv.bias, 1, self.padding, conv.dilation, conv.groups)
-            return out[..., :length]  # the first `length` outputs see only the past
+            weight = _laid_out(self, conv.weight, lambda w: w, x.dim())
+            if state is not None:  # the padding is this stream's last inputs
+                return _conv(_carry(state, self, x, self.padding), weight, conv.bias, 0, conv)
+            # the zero padding inside the convolution (no padded copy of x); the first `length` outputs
+            # see only the past
+            return _conv(x, weight, conv.bias, self.padding, conv)[..., :length]
+        if x.dim() == 4:
+            raise ValueError("a strided causal conv takes [B, C, T]")
         frames = (length - self.kernel_size + self.padding) / self.stride + 1
         extra = (math.ceil(frames) - 1) * self.stride + (self.kernel_size - self.padding) - length
         return self.conv(F.pad(x, (self.padding, extra)))
+
+
+def _conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad: int, conv: nn.Conv1d):
+    """conv1d on [B, C, T]; on channels-last [B, C, 1, T] the same convolution as a conv2d."""
+    if x.dim() == 3:
+        return F.conv1d(x, weight, bias, 1, pad, conv.dilation, conv.groups)
+    return F.conv2d(x, weight, bias, 1, (0, pad), (1, conv.dilation[0]), conv.groups)
+
+
+def _laid_out(owner: nn.Module, weight: torch.Tensor, make: Any, dims: int) -> torch.Tensor:
+    """`make(weight)` ([Cout, Cin, K]) as the convolution of a `dims`-D input takes it: as it is for 3-D,
+    [Cout, Cin, 1, K] channels-last for 4-D. Made once per weight tensor and kept on `owner` (for
+    inference: a weight edited in place afterwards is not seen)."""
+    key = (weight.data_ptr(), weight.dtype, weight.device, dims)
+    kept = owner.__dict__.get("_laid_out")
+    if kept is None or kept[0] != key:
+        with torch.no_grad():
+            made = make(weight)
+            if dims == 4:
+                made = made.unsqueeze(2).contiguous(memory_format=torch.channels_last)
+        kept = owner.__dict__["_laid_out"] = (key, made)
+    return kept[1]
 
 
 class CausalTransConv(nn.Module):
     """A transposed convolution, its output cut to `stride` samples per input frame.
 
     With kernel = 2 x stride (every decoder block's), output sample t*s + r is W[:, :, r] of frame t plus
-    W[:, :, r + s] of frame t - 1: a causal 2-tap convolution to cout x s channels, whose channels are then
-    laid out along time. That is the same sum of products (rounded in another order, ~1e-6 apart) as the
-    transposed convolution, which oneDNN computes 1.3-2.3x slower here (one AMX Xeon thread, fp32)."""
+    W[:, :, r + s] of frame t - 1: a causal 2-tap convolution to s x cout channels (r major). On the
+    decoder's channels-last [B, C, 1, T] those channels already lie in memory as s samples of cout channels
+    per frame, so the upsampled [B, cout, 1, T * s] is a view, no copy. That is the same sum of products
+    (rounded in another order, ~1e-6 apart) as the transposed convolution, which oneDNN computes 1.3-2.3x
+    slower here (one AMX Xeon thread, fp32)."""
 
     def __init__(self, cin: int, cout: int, kernel: int, stride: int):
         super().__init__()
         self.conv = nn.ConvTranspose1d(cin, cout, kernel, stride=stride)
         self.right_pad = kernel - stride
-        self._as_conv: tuple[Any, torch.Tensor, torch.Tensor | None] | None = None
 
     def forward(self, x: torch.Tensor, state: StreamState | None = None) -> torch.Tensor:
         stride, kernel = self.conv.stride[0], self.conv.kernel_size[0]
         if kernel == 2 * stride:
-            weight, bias = self._two_tap_weights()
-            batch, _, frames = x.shape
+            flat = x.dim() == 3
+            if flat:
+                x = x.unsqueeze(2).contiguous(memory_format=torch.channels_last)
+            weight = _laid_out(self, self.conv.weight, self._two_taps, 4)
+            bias = self.conv.bias.repeat(stride) if self.conv.bias is not None else None
+            batch, _, _, frames = x.shape
             if state is None:
-                out = F.conv1d(x, weight, bias, padding=1)[..., :frames]  # [B, cout * s, T]
+                out = F.conv2d(x, weight, bias, padding=(0, 1))[..., :frames]  # [B, s * cout, 1, T]
             else:
-                out = F.conv1d(_carry(state, self, x, 1), weight, bias)
-            return out.unflatten(1, (-1, stride)).transpose(2, 3).reshape(batch, -1, frames * stride)
+                out = F.conv2d(_carry(state, self, x, 1), weight, bias)
+            out = out.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1)  # [B, 1, T, s*cout]
+            up = out.reshape(batch, 1, frames * stride, -1).permute(0, 3, 1, 2)  # [B, cout, 1, T*s]
+            return up.squeeze(2) if flat else up
         if state is not None and kernel != stride:
             raise ValueError(f"a transposed conv of kernel {kernel}, stride {stride} cannot stream")
         x = self.conv(x)
         return x[..., : x.shape[-1] - self.right_pad] if self.right_pad else x
 
-    def _two_tap_weights(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The 2-tap convolution's weights, made once per weight tensor (for inference: a weight edited in
-        place afterwards is not seen)."""
-        w, b = self.conv.weight, self.conv.bias
-        key = (w.data_ptr(), w.dtype, w.device)
-        if self._as_conv is None or self._as_conv[0] != key:
-            s = self.conv.stride[0]
-            with torch.no_grad():
-                taps = torch.stack([w[:, :, s:], w[:, :, :s]], dim=-1)  # [cin, cout, s, (t-1, t)]
-                weight = taps.permute(1, 2, 0, 3).reshape(-1, w.shape[0], 2).contiguous()
-                bias = None if b is None else b.repeat_interleave(s)
-            self._as_conv = (key, weight, bias)
-        return self._as_conv[1], self._as_conv[2]
+    def _two_taps(self, w: torch.Tensor) -> torch.Tensor:
+        """[cin, cout, 2s] → the 2-tap weights [s * cout, cin, 2]: channel r * cout + o, taps (t-1, t)."""
+        s = self.conv.stride[0]
+        taps = torch.stack([w[:, :, s:], w[:, :, :s]], dim=-1)  # [cin, cout, s, (t-1, t)]
+        return taps.permute(2, 1, 0, 3).reshape(-1, w.shape[0], 2).contiguous()
 
 
 def _carry(state: StreamState, layer: nn.Module, x: torch.Tensor, width: int) -> torch.Tensor:
@@ -110,6 +135,8 @@ def _carry(state: StreamState, layer: nn.Module, x: torch.Tensor, width: int) ->
     if past is None:
         past = x.new_zeros(*x.shape[:-1], width)
     joined = torch.cat([past, x], dim=-1)
+    if joined.dim() == 4:
+        joined = joined.contiguous(memory_format=torch.channels_last)
     state[layer] = joined[..., joined.shape[-1] - width :].clone()
     return joined
 
@@ -139,8 +166,9 @@ class SnakeBeta(nn.Module):
         self.beta = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        alpha = torch.exp(self.alpha)[None, :, None]
-        scale = 1.0 / (torch.exp(self.beta)[None, :, None] + 1e-9)
+        shape = (1, -1) + (1,) * (x.dim() - 2)  # per channel of [B, C, T] or [B, C, 1, T]
+        alpha = torch.exp(self.alpha).view(shape)
+        scale = 1.0 / (torch.exp(self.beta).view(shape) + 1e-9)
         if torch.is_grad_enabled():
             return x + scale * torch.pow(torch.sin(x * alpha), 2)
         # the same ops in place on one buffer (bit-identical): the waveform-rate activations are tens of
@@ -388,9 +416,13 @@ class CodecDecoder(nn.Module):
         for blocks in self.upsample:
             for block in blocks:
                 h = block(h, state)
+        # The convolutions from 50 Hz up to 24 kHz run channels-last, as [B, C, 1, T] conv2d: oneDNN computes
+        # them 1.1-1.6x faster so in fp32 and ~4-7x in bf16, where channels-first costs layout copies around
+        # every call (one AMX Xeon thread), and the upsampling between them is then a view.
+        h = h.unsqueeze(2).contiguous(memory_format=torch.channels_last)
         for block in self.decoder:
             h = block(h) if isinstance(block, SnakeBeta) else block(h, state)
-        return h.clamp(min=-1, max=1)
+        return h.squeeze(2).clamp(min=-1, max=1)
 
     def context_frames(self) -> int:
         """How many earlier frames a frame's samples can depend on (the decoder's receptive field, in
