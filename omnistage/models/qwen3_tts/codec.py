@@ -254,7 +254,8 @@ class Attention(nn.Module):
             past = state.get(self)
             if past is not None:
                 k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
-            state[self] = (k[:, :, -keep:].clone(), v[:, :, -keep:].clone())
+            first = max(0, k.shape[2] - keep)  # not `-keep:`, which keeps everything when keep is 0
+            state[self] = (k[:, :, first:].clone(), v[:, :, first:].clone())
         rep = self.heads // self.kv_heads
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim**-0.5)
