@@ -48,7 +48,7 @@ class CausalConv(nn.Module):
         length = x.shape[-1]
         if self.stride == 1:
             conv = self.conv
-            weight = _laid_out(self, conv.weight, lambda w: w, x.dim())
+            weight = conv.weight if x.dim() == 3 else _laid_out(self, conv.weight, lambda w: w)
             if state is not None:  # the padding is this stream's last inputs
                 return _conv(_carry(state, self, x, self.padding), weight, conv.bias, 0, conv)
             # the zero padding inside the convolution (no padded copy of x); the first `length` outputs
@@ -68,17 +68,15 @@ def _conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad:
     return F.conv2d(x, weight, bias, 1, (0, pad), (1, conv.dilation[0]), conv.groups)
 
 
-def _laid_out(owner: nn.Module, weight: torch.Tensor, make: Any, dims: int) -> torch.Tensor:
-    """`make(weight)` ([Cout, Cin, K]) as the convolution of a `dims`-D input takes it: as it is for 3-D,
-    [Cout, Cin, 1, K] channels-last for 4-D. Made once per weight tensor and kept on `owner` (for
-    inference: a weight edited in place afterwards is not seen)."""
-    key = (weight.data_ptr(), weight.dtype, weight.device, dims)
+def _laid_out(owner: nn.Module, weight: torch.Tensor, make: Any) -> torch.Tensor:
+    """`make(weight)` ([Cout, Cin, K]) as a conv2d over channels-last [B, C, 1, T] takes it: [Cout, Cin, 1, K]
+    channels-last. Made once per weight tensor and kept on `owner` (for inference: a weight edited in place
+    afterwards is not seen)."""
+    key = (weight.data_ptr(), weight.dtype, weight.device)
     kept = owner.__dict__.get("_laid_out")
     if kept is None or kept[0] != key:
         with torch.no_grad():
-            made = make(weight)
-            if dims == 4:
-                made = made.unsqueeze(2).contiguous(memory_format=torch.channels_last)
+            made = make(weight).unsqueeze(2).contiguous(memory_format=torch.channels_last)
         kept = owner.__dict__["_laid_out"] = (key, made)
     return kept[1]
 
@@ -101,10 +99,9 @@ class CausalTransConv(nn.Module):
     def forward(self, x: torch.Tensor, state: StreamState | None = None) -> torch.Tensor:
         stride, kernel = self.conv.stride[0], self.conv.kernel_size[0]
         if kernel == 2 * stride:
-            flat = x.dim() == 3
-            if flat:
-                x = x.unsqueeze(2).contiguous(memory_format=torch.channels_last)
-            weight = _laid_out(self, self.conv.weight, self._two_taps, 4)
+            if x.dim() != 4:
+                raise ValueError("a kernel-2s transposed conv takes channels-last [B, C, 1, T]")
+            weight = _laid_out(self, self.conv.weight, self._two_taps)
             bias = self.conv.bias.repeat(stride) if self.conv.bias is not None else None
             batch, _, _, frames = x.shape
             if state is None:
@@ -113,7 +110,7 @@ class CausalTransConv(nn.Module):
                 out = F.conv2d(_carry(state, self, x, 1), weight, bias)
             out = out.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1)  # [B, 1, T, s*cout]
             up = out.reshape(batch, 1, frames * stride, -1).permute(0, 3, 1, 2)  # [B, cout, 1, T*s]
-            return up.squeeze(2) if flat else up
+            return up
         if state is not None and kernel != stride:
             raise ValueError(f"a transposed conv of kernel {kernel}, stride {stride} cannot stream")
         x = self.conv(x)
