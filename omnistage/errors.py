@@ -69,6 +69,17 @@ class StageError(OmniError):
         self.exc_type = exc_type
 
 
+class StartupTimeoutError(StageError):
+    """A stage replica was not ready within its deploy entry's `startup_timeout_s`; the message names the
+    replica itself."""
+
+    error_type = "StartupTimeoutError"
+
+    def __init__(self, message: str, *, stage_id: int | None = None, stage_name: str | None = None):
+        OmniError.__init__(self, message)
+        self.stage_id, self.stage_name, self.exc_type = stage_id, stage_name, None
+
+
 class StageDeadError(StageError):
     """The stage process died; every request bound to it fails with this."""
 

@@ -59,6 +59,9 @@ class StageDeploy:
     num_cpus: float | None = None
     num_gpus: float | None = None
     resources: dict[str, float] = dataclasses.field(default_factory=dict)
+    # Seconds a replica may take from its launch to Ready (process or actor start, engine load); past it
+    # start-up fails naming the replica and what it was doing, and nothing it started is left behind.
+    startup_timeout_s: float = 600.0
 
     def connector_from(self, stage_id: int, connectors: dict[str, dict[str, Any]]) -> dict[str, Any]:
         """The connector spec for the edge from `stage_id` into this stage."""
@@ -278,6 +281,9 @@ def _validated(stage: StageDeploy, connectors: dict[str, dict[str, Any]]) -> Sta
     settle = stage.burst_settle_ms
     if isinstance(settle, bool) or not isinstance(settle, int | float) or not 0 <= settle <= 20:
         raise ConfigError(f"{where}: burst_settle_ms must be a number of milliseconds in [0, 20]")
+    timeout = stage.startup_timeout_s
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+        raise ConfigError(f"{where}: startup_timeout_s must be a positive number of seconds")
     if stage.placement == "inline" and stage.replicas != 1:
         raise ConfigError(f"{where}: inline placement runs exactly one replica")
     for field in ("num_cpus", "num_gpus"):

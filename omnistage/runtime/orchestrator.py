@@ -31,7 +31,7 @@ from omnistage.connectors.base import Payload
 from omnistage.connectors.shm import ShmConnector, live_segments, sweep_stale_segments
 from omnistage.connectors.shm import release as release_segment
 from omnistage.connectors.tcp import drop, fetch, is_tcp_key
-from omnistage.errors import OmniError, StageDeadError, StageError
+from omnistage.errors import OmniError, StageDeadError, StageError, StartupTimeoutError
 from omnistage.outputs import StageOutput, StageResult
 from omnistage.runtime.messages import (
     INLINE_LIMIT,
@@ -70,12 +70,10 @@ class Orchestrator:
         pipeline: PipelineSpec,
         deploy: DeploySpec,
         model_dir: str | None,
-        startup_timeout: float = 900.0,
     ):
         self.pipeline = pipeline
         self.deploy = deploy
         self.model_dir = model_dir
-        self.startup_timeout = startup_timeout
         self.requests: dict[str, RequestState] = {}
         self.pools: dict[int, StagePool] = {}
         self.reader = ShmConnector()
@@ -155,21 +153,38 @@ class Orchestrator:
             self.pools[spec.stage_id] = StagePool(spec, replicas)
         for client in self._clients():
             client.start()
-        deadline = time.monotonic() + self.startup_timeout
-        while not all(c.ready for c in self._clients()):
-            for c in self._clients():
+        await self._wait_ready(self._clients())
+        self._tasks.append(asyncio.create_task(self._monitor()))
+
+    async def _wait_ready(self, clients: list[StageClient]) -> None:
+        """Until every client is Ready. A replica that exits first, or is not Ready by its deploy entry's
+        `startup_timeout_s`, fails start-up with a message that names it and says what it was doing (its
+        threads' stacks and the end of its log); the caller stops whatever was started."""
+        started = time.monotonic()
+        while not all(c.ready for c in clients):
+            for c in clients:
                 if not c.ready and not c.dead and (reason := c.exit_reason()) is not None:
                     c.dead = True
                     self._startup_errors.append(f"{c.label}: {reason} during start-up:\n{c.log_tail()}")
             if self._startup_errors:
-                raise StageError("; ".join(self._startup_errors), stage_id=None, stage_name="start-up")
-            if time.monotonic() > deadline:
-                waiting = [f"{c.label} ({c.describe_wait()})" for c in self._clients() if not c.ready]
-                raise StageError(f"stages not ready after {self.startup_timeout:.0f} s: {', '.join(waiting)}")
+                errors, self._startup_errors = self._startup_errors, []
+                raise StageError("; ".join(errors), stage_id=None, stage_name="start-up")
+            now = time.monotonic()
+            late = [c for c in clients if not c.ready and now - started > c.deploy.startup_timeout_s]
+            if late:
+                reports = await asyncio.gather(*(asyncio.to_thread(c.startup_report) for c in late))
+                raise StartupTimeoutError(
+                    "; ".join(
+                        f"{c.label} ({c.describe_wait()}) was not ready within its startup_timeout_s of "
+                        f"{c.deploy.startup_timeout_s:g} s; it was doing:\n{report}"
+                        for c, report in zip(late, reports, strict=True)
+                    ),
+                    stage_id=late[0].stage.stage_id,
+                    stage_name=late[0].stage.name,
+                )
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), 0.2)
-        self._tasks.append(asyncio.create_task(self._monitor()))
 
     def _make_client(self, spec: StageSpec, replica: int, slot: int) -> StageClient:
         settings = self.deploy.stage(spec.stage_id)
@@ -530,17 +545,12 @@ class Orchestrator:
         client = self._make_client(pool.stage, replica, slot)
         pool.replicas[replica] = client
         client.start()
-        deadline = time.monotonic() + self.startup_timeout
-        while not client.ready:
-            reason = client.exit_reason()
-            if client.dead or reason is not None or time.monotonic() > deadline:
-                client.dead = True
-                raise StageError(
-                    f"{client.label} did not restart: {reason or 'not ready in time'}", stage_id=stage_id
-                )
-            self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), 0.2)
+        try:
+            await self._wait_ready([client])
+        except StageError:
+            client.dead = True
+            await asyncio.to_thread(client.close)
+            raise
 
     async def call(
         self,

@@ -25,6 +25,19 @@ class StageActor:
         ctx = ray.get_runtime_context()
         return {"pid": os.getpid(), "node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address()}
 
+    def stacks(self) -> str:
+        """Every thread's stack but this one's (what a start-up timeout reports a stuck actor doing)."""
+        import threading
+        import traceback
+
+        names = {t.ident: t.name for t in threading.enumerate()}
+        me = threading.get_ident()
+        return "\n".join(
+            f"thread {names.get(ident, ident)}:\n" + "".join(traceback.format_stack(frame)[-25:])
+            for ident, frame in sys._current_frames().items()
+            if ident != me
+        )
+
     def run(self, config: bytes, sys_path: list[str], env: dict[str, str]) -> bool:
         """Serve the stage until Shutdown. The driver's import paths come first so that the stage's
         engine and processors (import paths in the config) resolve as they do in the driver."""

@@ -21,7 +21,7 @@ import zmq
 from omnistage.errors import ConfigError
 from omnistage.runtime.launch import WorkerConfig, refs_to_paths, stage_to_dict
 from omnistage.runtime.messages import Codec, Shutdown, ToWorker
-from omnistage.runtime.stage_client import ProcessStageClient, StageClient
+from omnistage.runtime.stage_client import REPORT_WAIT_S, ProcessStageClient, StageClient
 
 logger = logging.getLogger(__name__)
 
@@ -185,6 +185,17 @@ class RayStageClient(StageClient):
 
     def log_tail(self, lines: int = 30) -> str:
         return "(a Ray actor's log is in the Ray session's logs/worker-*.err on its node)"
+
+    def startup_report(self) -> str:
+        """The actor's threads' stacks, asked on its second thread (the worker holds the first); an actor
+        that is not placed yet has none."""
+        if self.actor is None or self.node is None:
+            return "(the actor is not running yet)"
+        ray = import_ray()
+        try:
+            return ray.get(self.actor.stacks.remote(), timeout=REPORT_WAIT_S)
+        except Exception as exc:  # noqa: BLE001 - a report, never a second failure
+            return f"(the actor did not say: {type(exc).__name__})"
 
     def kill(self) -> None:
         """End the actor at once, as a crash would (tests, and a replica that stopped answering)."""

@@ -13,10 +13,12 @@ import dataclasses
 import logging
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,8 @@ from omnistage.stages.worker import create_engine, serve_stage
 
 logger = logging.getLogger(__name__)
 SEND_WAIT_S = 5.0  # the longest a send waits for a worker to (re)connect (see ProcessStageClient._deliver)
+REPORT_WAIT_S = 3.0  # the longest a start-up timeout waits for a stuck stage process to dump its stacks
+STACK_FRAMES = 25  # innermost frames of a stuck stage's stack, in the start-up timeout's message
 OnMessage = Callable[[Any], None]
 
 
@@ -80,6 +84,14 @@ class StageClient:
     def placement(self) -> dict[str, Any]:
         """Where the replica runs, for `/health` (a Ray actor names its node)."""
         return {}
+
+    def log_tail(self, lines: int = 30) -> str:
+        return ""
+
+    def startup_report(self) -> str:
+        """What a replica that is late for Ready is doing (its threads' stacks where it can say), for the
+        start-up timeout's message. Called off the orchestrator's loop; bounded."""
+        return self.log_tail()
 
     def start(self) -> None:
         raise NotImplementedError
@@ -146,6 +158,12 @@ class InlineStageClient(StageClient):
 
     def send(self, msg: Any) -> None:
         self.inbox.put(msg)
+
+    def startup_report(self) -> str:
+        frame = sys._current_frames().get(self.thread.ident) if self.thread is not None else None
+        if frame is None:
+            return "(its thread has ended)"
+        return f"thread {self.thread.name}:\n" + "".join(traceback.format_stack(frame)[-STACK_FRAMES:])
 
     def _build(self) -> tuple[Any, str]:
         # Inline stages share this process: no affinity or thread changes, only the device choice.
@@ -263,6 +281,25 @@ class ProcessStageClient(StageClient):
         with contextlib.suppress(OSError):
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         return ""
+
+    def startup_report(self) -> str:
+        """The process's threads' stacks, which it writes into its log on SIGUSR1 (faulthandler, set up by
+        the stage process's main), then the log's end."""
+        if self.proc is not None and self.proc.poll() is None:
+            size = self._log_size()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGUSR1)
+            deadline = time.monotonic() + REPORT_WAIT_S
+            while self._log_size() == size and time.monotonic() < deadline and self.proc.poll() is None:
+                time.sleep(0.02)
+            time.sleep(0.05)  # the rest of the dump: it is written in one go, in well under this
+        return self.log_tail(STACK_FRAMES * 3)
+
+    def _log_size(self) -> int:
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
 
     def send(self, msg: Any) -> None:
         if not self.alive:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import faulthandler
 import logging
 import os
 import signal
@@ -429,6 +430,8 @@ def main(config_path: str) -> None:
     from omnistage.runtime.launch import WorkerConfig
 
     watch_parent()
+    # SIGUSR1: every thread's stack into the log (what a start-up timeout reports a stuck stage doing).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     with open(config_path, "rb") as f:
         cfg = msgspec.json.decode(f.read(), type=WorkerConfig)
     stage = cfg.stage_spec()

@@ -12,13 +12,15 @@ import pytest
 import torch
 
 from omnistage import AsyncOmni, SamplingParams
+from omnistage.demo.llm import tiny_llm_dir
 from omnistage.demo.qwen2_5_omni import qwen2_5_omni_dir
-from omnistage.errors import StageDeadError, StageError
+from omnistage.errors import StageDeadError, StageError, StartupTimeoutError
 from omnistage.serving.app import create_app
 from tests.omni.conftest import PROMPTS as OMNI_PROMPTS
 from tests.omni.conftest import greedy_params as omni_params
 from tests.polling import wait_until, wait_until_async
 from tests.ray.conftest import actor_states, pinned_overrides, ray
+from tests.reliability.stuck_loader import LOCK_VARIABLE
 from tests.runtime.toy_stages import open_gate, speech_pipeline
 
 pytestmark = pytest.mark.e2e
@@ -188,6 +190,19 @@ def test_an_actor_no_node_can_host_is_named_at_start_up(ray_cluster):
     waiting = r"stage 2 \(vocoder\) replica 0 \(Ray actor not placed yet.*gpu_node"
     with pytest.raises(StageError, match=waiting):
         AsyncOmni(speech_pipeline(), deploy, startup_timeout=3)
+    wait_until(lambda: {"ALIVE", "PENDING_CREATION"}.isdisjoint(actor_states()), 60, "no actor left")
+
+
+def test_an_actor_stuck_in_its_loader_is_named_with_its_stack(ray_cluster, tmp_path):
+    """A placed actor whose model loader waits on a stale lock: start-up fails at its deadline, naming the
+    replica and the wait it is stuck in (its threads' stacks, asked of the actor), and the actor is gone."""
+    lock = tmp_path / "lock"
+    lock.write_text("")
+    stage = {"placement": "ray", "num_cpus": 0.5, "env": {LOCK_VARIABLE: str(lock)}}
+    stage["engine_args"] = {"model_loader": "tests.reliability.stuck_loader:wait_on_stale_lock"}
+    stuck = r"(?s)stage 0 \(llm\) replica 0 \(Ray actor placed.*startup_timeout_s of 20 s.*wait_on_stale_lock"
+    with pytest.raises(StartupTimeoutError, match=stuck):
+        AsyncOmni(str(tiny_llm_dir("qwen2")), stage_overrides={"0": stage}, startup_timeout=20)
     wait_until(lambda: {"ALIVE", "PENDING_CREATION"}.isdisjoint(actor_states()), 60, "no actor left")
 
 

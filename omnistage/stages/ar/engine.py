@@ -35,6 +35,7 @@ import torch
 from omnistage.config.pipeline import load_ref
 from omnistage.errors import InvalidRequestError, OmniError
 from omnistage.outputs import Choice, StageOutput, error_output
+from omnistage.stages.ar import native
 from omnistage.stages.ar.cross_attention import INPUT_KEY as ENCODER_INPUT
 from omnistage.stages.ar.cross_attention import encoder_states, project
 from omnistage.stages.ar.detokenizer import IncrementalDetokenizer, decoder_for
@@ -468,6 +469,7 @@ class AREngine:
             "sleep_level": self._sleep_level,
             "block_size": self.block_size,
             "max_model_len": self.max_model_len,
+            "native_kernels": native.kernels() is not None,
             **self.blocks.stats(),
         }
 

@@ -1,4 +1,4 @@
-"""The AR engine's native CPU kernels (csrc/), compiled once on the machine that runs them.
+"""The AR engine's native CPU kernels (csrc/): built once per install by set-up, only loaded at serve time.
 
 On a 2-core Xeon a decode step of 32 sequences spent about a quarter of its time in attention: gathering each
 sequence's keys and values out of the paged cache into padded copies, then SDPA on many tiny problems. The
@@ -6,19 +6,32 @@ decode kernel (paged_decode.cpp) reads the cache rows in place and does all of a
 task (the engine's decode steps were 8-13% faster with it, benchmarks/RESULTS.md). The pointwise kernels
 (decoder_pointwise.cpp: RMS norm with its residual add, rotary embedding, SiLU-times-up) replace some thirty
 tiny torch ops per layer with four calls, and `write_cache` puts a step's keys and values into their slots.
-They need AVX-512 and a C++ compiler; anywhere else, or with OMNISTAGE_NATIVE_KERNELS=0, the engine stays on
-torch ops (SDPA for attention). `make setup` builds them (`python -m omnistage.stages.ar.native`), so the
-first engine start does not wait for the compiler; the build lives under torch's extension cache
-(TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions).
+
+Why a build step of our own rather than `torch.utils.cpp_extension.load`: that JIT-builds into one user-wide
+cache keyed by the sources only, so two installs on one machine rebuilt each other's library inside stage
+processes at serve time, and a compile killed part-way left torch's lock file behind, on which every later
+stage start waited forever. Here `make setup` (`python -m omnistage.stages.ar.native`) compiles the library
+into this install's build folder, under a name keyed by everything that changes it (sources, flags, torch,
+Python ABI, CPU capability); the compiler writes a temporary file that is renamed into place, so no lock is
+needed. At serve time `kernels()` only loads that file: where it is missing or does not load, the engine says
+why once and stays on torch ops (SDPA for attention). It never compiles and never waits.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.machinery
+import importlib.util
 import logging
 import os
+import platform
+import shlex
+import subprocess
 import sys
+import sysconfig
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,34 +40,125 @@ import torch
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
+MODULE = "omnistage_ar_native"
 # no FMA contraction: the pointwise kernels round like the torch ops they replace
 FLAGS = [
     *("-O3", "-fopenmp", "-ffp-contract=off"),
     *("-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mfma"),
 ]
 SWITCH = "OMNISTAGE_NATIVE_KERNELS"  # "0": torch ops only
+DIR_VARIABLE = "OMNISTAGE_NATIVE_DIR"  # where the built library lives (default: this package's build/)
+BUILD_TIMEOUT_S = 900.0
 DTYPES = (torch.float32, torch.bfloat16)
+
+
+def library_dir() -> Path:
+    """This install's folder of built kernels: inside the package (a clone's source tree when installed
+    editable, site-packages otherwise), so two installs never share one."""
+    configured = os.environ.get(DIR_VARIABLE)
+    return Path(configured) if configured else Path(__file__).with_name("build")
+
+
+def build_key() -> str:
+    """Everything that changes the library, without running a compiler (serve time must not)."""
+    parts = [
+        *(f.name.encode() + f.read_bytes() for f in _sources(with_headers=True)),
+        " ".join(FLAGS).encode(),
+        torch.__version__.encode(),
+        str(torch.version.git_version).encode(),
+        str(sysconfig.get_config_var("EXT_SUFFIX")).encode(),
+        platform.machine().encode(),
+        torch.backends.cpu.get_cpu_capability().encode(),
+    ]
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+
+
+def library_path() -> Path:
+    return library_dir() / f"{MODULE}-{build_key()}{sysconfig.get_config_var('EXT_SUFFIX')}"
+
+
+def _sources(with_headers: bool = False) -> list[Path]:
+    files = sorted(CSRC.glob("*.cpp"))
+    return files + sorted(CSRC.glob("*.h")) if with_headers else files
 
 
 @functools.cache
 def kernels() -> Any | None:
-    """The compiled module, or None (the reason logged once) where it cannot be used here."""
+    """The built module, or None (the reason logged once) where it cannot be used here."""
     if os.environ.get(SWITCH, "1") == "0":
         return None
     if torch.backends.cpu.get_cpu_capability() != "AVX512":
         logger.info("native AR kernels off: this CPU has no AVX-512")
         return None
-    try:
-        from torch.utils.cpp_extension import load
-
-        files = sorted(CSRC.glob("*.cpp")) + sorted(CSRC.glob("*.h"))
-        text = b"".join(f.read_bytes() for f in files) + " ".join(FLAGS).encode()
-        digest = hashlib.sha256(text).hexdigest()
-        sources = [str(f) for f in files if f.suffix == ".cpp"]
-        return load(f"omnistage_ar_native_{digest[:12]}", sources, extra_cflags=FLAGS, verbose=False)
-    except Exception as exc:  # noqa: BLE001 - no compiler / ninja / headers: torch ops still work
-        logger.warning("native AR kernels off, they did not build: %s", exc)
+    path = library_path()
+    if not path.is_file():
+        logger.warning(
+            "native AR kernels off: none built for this install (%s); `make setup` or "
+            "`python -m omnistage.stages.ar.native` builds them",
+            path,
+        )
         return None
+    try:
+        return _load(path)
+    except Exception as exc:  # noqa: BLE001 - a library that does not load here: torch ops still work
+        logger.warning("native AR kernels off: %s did not load: %s", path, exc)
+        return None
+
+
+def _load(path: Path) -> Any:
+    loader = importlib.machinery.ExtensionFileLoader(MODULE, str(path))
+    spec = importlib.util.spec_from_file_location(MODULE, path, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def compile_command(sources: list[Path], objects: list[Path], output: Path) -> list[list[str]]:
+    """The compiler and linker commands (what cpp_extension would run, without its cache and lock)."""
+    from torch.utils import cpp_extension
+
+    cxx = shlex.split(os.environ.get("CXX", "c++"))
+    includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
+    cflags = [
+        f"-DTORCH_EXTENSION_NAME={MODULE}",
+        "-DTORCH_API_INCLUDE_EXTENSION_H",
+        *(arg for inc in includes for arg in ("-isystem", inc)),
+        *("-fPIC", "-std=c++20", *FLAGS),
+    ]
+    libs = cpp_extension.library_paths()
+    ldflags = ["-shared", *(f"-L{p}" for p in libs), *(f"-Wl,-rpath,{p}" for p in libs)]
+    ldflags += ["-lc10", "-ltorch_cpu", "-ltorch", "-ltorch_python", "-fopenmp"]
+    compiles = [[*cxx, *cflags, "-c", str(s), "-o", str(o)] for s, o in zip(sources, objects, strict=True)]
+    return [*compiles, [*cxx, *map(str, objects), *ldflags, "-o", str(output)]]
+
+
+def build(timeout_s: float = BUILD_TIMEOUT_S) -> Path:
+    """Compile the kernels into `library_path()` (nothing to do if it is there). The link writes a
+    temporary file that is renamed into place: a build killed part-way leaves no library and no lock, and
+    two builds at once each finish with the same file."""
+    target = library_path()
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
+        sources = _sources()
+        objects = [Path(tmp) / f"{s.stem}.o" for s in sources]
+        partial = Path(tmp) / target.name
+        *compiles, link = compile_command(sources, objects, partial)
+        with ThreadPoolExecutor(max(1, os.cpu_count() or 1)) as pool:
+            list(pool.map(lambda cmd: _run(cmd, timeout_s), compiles))
+        _run(link, timeout_s)
+        os.replace(partial, target)
+    for old in target.parent.glob(f"{MODULE}-*"):  # earlier sources' builds of this install
+        if old != target:
+            old.unlink(missing_ok=True)
+    return target
+
+
+def _run(command: list[str], timeout_s: float) -> None:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode != 0:
+        raise RuntimeError(f"{shlex.join(command[:2])} ... failed:\n{done.stderr[-4000:]}")
 
 
 def can_decode(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -104,10 +208,19 @@ def paged_decode(
 
 
 def main() -> int:
-    """Builds the kernels now (set-up calls this); never fails set-up, only says what it found."""
+    """Set-up's build step. It never fails set-up: where the kernels cannot be built (no AVX-512, no
+    compiler), it says why and the engine runs on torch ops."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    built = kernels() is not None
-    print(f"omnistage native AR kernels: {'built' if built else 'not used here (torch ops)'}")
+    if torch.backends.cpu.get_cpu_capability() != "AVX512":
+        print("omnistage native AR kernels: not used here (this CPU has no AVX-512; torch ops)")
+        return 0
+    try:
+        path = build()
+    except Exception as exc:  # noqa: BLE001 - no compiler, headers or time: torch ops still work
+        print(f"omnistage native AR kernels: not built ({exc}); the engine runs on torch ops")
+        return 0
+    note = "" if kernels() is not None else " (it does not load: torch ops)"
+    print(f"omnistage native AR kernels: built, {path}{note}")
     return 0
 
 
