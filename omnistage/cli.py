@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -92,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     if args.command == "serve":
+        # `kill -USR1 <pid>`: every thread's stack on stderr (a server that seems stuck says where).
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
         return _serve(args)
     if args.command == "run":
         return _run(args)

@@ -18,13 +18,25 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 VOICE_DEMO_AREAS = {"speech", "whisper", "realtime", "bench"}
 
 
+# Every test has a budget (pytest-timeout; fixture set-up included, so a test that starts a shared server
+# pays for it): past it the test fails with every thread's stack, instead of holding the suite. Seconds per
+# area of tests/; the slowest test of an area took under a fifth of its budget on 2 cores (--durations).
+DEFAULT_BUDGET_S = 180
+AREA_BUDGETS_S = {"bench": 300, "diffusion": 300, "ray": 300, "reliability": 300, "playground": 300}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Give every item a node id of its own. Under pytest 9.2, schemathesis names its items per API operation
-    but leaves them one node id, and pytest-xdist, which keys tests by node id, would run only one of them."""
+    """Give every item a node id of its own (under pytest 9.2, schemathesis names its items per API
+    operation but leaves them one node id, and pytest-xdist, which keys tests by node id, would run only one
+    of them), and its area's time budget unless it names its own."""
     shared = {nodeid for nodeid, count in Counter(item.nodeid for item in items).items() if count > 1}
     for item in items:
         if item.nodeid in shared and item.parent is not None:
             item._id = item.parent.id.child(item.name)
+        if item.get_closest_marker("timeout") is None:
+            parts = item.nodeid.split("/")
+            area = parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
+            item.add_marker(pytest.mark.timeout(AREA_BUDGETS_S.get(area, DEFAULT_BUDGET_S)))
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -62,6 +62,9 @@ class StageDeploy:
     # Seconds a replica may take from its launch to Ready (process or actor start, engine load); past it
     # start-up fails naming the replica and what it was doing, and nothing it started is left behind.
     startup_timeout_s: float = 600.0
+    # A replica whose process or actor dies fails the requests it held and is started again, at most this
+    # many times in ten minutes (0: a dead replica stays dead).
+    max_restarts: int = 3
 
     def connector_from(self, stage_id: int, connectors: dict[str, dict[str, Any]]) -> dict[str, Any]:
         """The connector spec for the edge from `stage_id` into this stage."""
@@ -281,6 +284,12 @@ def _validated(stage: StageDeploy, connectors: dict[str, dict[str, Any]]) -> Sta
     settle = stage.burst_settle_ms
     if isinstance(settle, bool) or not isinstance(settle, int | float) or not 0 <= settle <= 20:
         raise ConfigError(f"{where}: burst_settle_ms must be a number of milliseconds in [0, 20]")
+    if (
+        isinstance(stage.max_restarts, bool)
+        or not isinstance(stage.max_restarts, int)
+        or stage.max_restarts < 0
+    ):
+        raise ConfigError(f"{where}: max_restarts must be a non-negative integer")
     timeout = stage.startup_timeout_s
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
         raise ConfigError(f"{where}: startup_timeout_s must be a positive number of seconds")

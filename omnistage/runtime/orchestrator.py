@@ -54,6 +54,7 @@ from omnistage.runtime.stage_client import InlineStageClient, ProcessStageClient
 from omnistage.runtime.stage_pool import StagePool
 
 logger = logging.getLogger(__name__)
+RESTART_WINDOW_S = 600.0  # a replica is restarted at most its deploy's max_restarts times in this window
 
 
 def release(key: str) -> None:
@@ -88,6 +89,7 @@ class Orchestrator:
         self.ipc_dir = Path(tempfile.mkdtemp(prefix="omnistage-"))
         self.zmq = zmq.Context()
         self._tasks: list[asyncio.Task] = []
+        self._restarts: dict[tuple[int, int], list[float]] = {}  # when each replica was last restarted
         self._holding: list[StageClient] | None = None  # clients holding messages (see _on_message)
         self.board: StageBoard | None = None  # where stages yield to first outputs or take idle cores
         self._ray_connected = False  # this orchestrator joined a Ray cluster, and leaves it at close
@@ -506,6 +508,35 @@ class Orchestrator:
         for rs in list(self.requests.values()):
             if rs.bound.get(sid) == client.replica and not rs.stage_finished(sid):
                 self._fail(rs, error)
+        self._restart_later(client)
+
+    def _restart_later(self, client: StageClient) -> None:
+        """A dead replica comes back on its own, at most `max_restarts` times in `RESTART_WINDOW_S` (a stage
+        that dies at every start is left dead, and says so, rather than restarted forever)."""
+        limit = client.deploy.max_restarts
+        history = self._restarts.setdefault((client.stage.stage_id, client.replica), [])
+        now = time.monotonic()
+        history[:] = [t for t in history if now - t < RESTART_WINDOW_S]
+        if len(history) >= limit:
+            logger.error(
+                "%s is not restarted: it died %d times within %.0f s (max_restarts %d)",
+                client.label,
+                len(history),
+                RESTART_WINDOW_S,
+                limit,
+            )
+            return
+        history.append(now)
+        self._tasks.append(asyncio.create_task(self._restart(client.stage.stage_id, client.replica)))
+
+    async def _restart(self, stage_id: int, replica: int) -> None:
+        try:
+            await self.restart_replica(stage_id, replica)
+            logger.warning("%s restarted", self.pools[stage_id].replica(replica).label)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("stage %d replica %d could not be restarted", stage_id, replica)
 
     def health(self) -> dict[str, Any]:
         stages = []

@@ -79,7 +79,9 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        ctx.metrics.loop.start()
         yield
+        await ctx.metrics.loop.stop()
         ctx.state.draining = True
         await videos.cancel_all(ctx)
         for path in scratch:

@@ -42,6 +42,25 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--max-request-bytes", type=int, default=ServerSettings.max_request_bytes)
     group.add_argument(
+        "--request-body-timeout",
+        type=float,
+        default=ServerSettings.request_body_timeout_s,
+        help="seconds a request body may take to arrive (408 after)",
+    )
+    group.add_argument(
+        "--send-timeout",
+        type=float,
+        default=ServerSettings.send_timeout_s,
+        help="seconds a response part or WebSocket message may wait for the client to read it (the "
+        "connection is dropped and its work aborted after)",
+    )
+    group.add_argument(
+        "--max-ws-events-per-second",
+        type=float,
+        default=ServerSettings.max_ws_events_per_s,
+        help="events a second one WebSocket client may send (bursts of twice that; closed over it)",
+    )
+    group.add_argument(
         "--max-generated-image-size",
         "--max-image-pixels",
         dest="max_image_pixels",
@@ -110,6 +129,9 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         realtime_idle_timeout_s=args.realtime_idle_timeout,
         realtime_max_audio_seconds=args.realtime_max_audio_seconds,
         max_request_bytes=args.max_request_bytes,
+        request_body_timeout_s=args.request_body_timeout,
+        send_timeout_s=args.send_timeout,
+        max_ws_events_per_s=args.max_ws_events_per_second,
         max_image_pixels=args.max_image_pixels,
         storage_dir=args.storage_dir or default_storage_dir(),
         allowed_local_media_path=args.allowed_local_media_path,

@@ -1,4 +1,8 @@
-"""Checks every request passes before a route sees it: the API key, the body size, and draining.
+"""Checks every request passes before a route sees it: the API key, the body size, and draining; and the
+deadlines that keep a slow client from holding the server: its body must arrive within
+`request_body_timeout_s` (408 otherwise), and each thing the server sends it (a response part, a WebSocket
+message) must leave within `send_timeout_s`, or the connection is dropped and its work aborted (a client
+that stops reading would otherwise keep its request running in the stages, its output piling up here).
 
 Pure ASGI middleware rather than FastAPI dependencies, so the body limit holds while the body is still
 being received (a 1 GB upload is refused after `max_request_bytes`, not after it has been buffered) and so
@@ -10,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -17,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from omnistage.serving.errors import error_body
 from omnistage.serving.settings import ServerSettings
 
+logger = logging.getLogger(__name__)
 PUBLIC_PATHS = frozenset({"/health"})
 
 
@@ -52,6 +58,12 @@ class RequestGuard:
         self._key = settings.api_key.encode() if settings.api_key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            try:
+                await self.app(scope, receive, _bounded_send(send, self.settings.send_timeout_s))
+            except SlowClientError as exc:  # the route's work ended with it (the exception unwound it)
+                logger.warning("%s: %s; dropped", scope.get("path", ""), exc)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -71,13 +83,18 @@ class RequestGuard:
             return
         started = False
 
+        bounded = _bounded_send(send, self.settings.send_timeout_s)
+
         async def tracking_send(message: Message) -> None:
             nonlocal started
             started = started or message["type"] == "http.response.start"
-            await send(message)
+            await bounded(message)
 
+        body = _limited(receive, limit, self.settings.request_body_timeout_s)
         try:
-            await self.app(scope, _limited(receive, limit), tracking_send)
+            await self.app(scope, body, tracking_send)
+        except SlowClientError as exc:  # the response's work was aborted as the exception unwound it
+            logger.warning("%s: %s; dropped", path, exc)
         except asyncio.CancelledError:
             # Shutdown cancels what outlived the grace period (its stages were aborted on the way out):
             # the client gets the error envelope rather than a bare 500.
@@ -99,17 +116,47 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-def _limited(receive: Receive, limit: int) -> Receive:
-    """A receive that fails with 413 once more than `limit` body bytes arrived (chunked uploads)."""
+class SlowClientError(Exception):
+    """The client did not take what the server sent it within `send_timeout_s`."""
+
+
+def _limited(receive: Receive, limit: int, timeout_s: float) -> Receive:
+    """A receive that fails with 413 once more than `limit` body bytes arrived (chunked uploads), and with
+    408 if the whole body has not arrived `timeout_s` after the route first asked for it. Once the body is
+    in, receives pass through unbounded (a streaming route waits on one for the client's disconnect)."""
     received = 0
+    deadline: float | None = None
+    complete = False
 
     async def wrapped() -> Message:
-        nonlocal received
-        message = await receive()
+        nonlocal received, deadline, complete
+        if complete:
+            return await receive()
+        deadline = deadline or asyncio.get_running_loop().time() + timeout_s
+        try:
+            async with asyncio.timeout_at(deadline):
+                message = await receive()
+        except TimeoutError:
+            message = f"the request body did not arrive within {timeout_s:g} s"
+            raise HTTPException(408, message, headers={"Connection": "close"}) from None
         if message["type"] == "http.request":
             received += len(message.get("body", b""))
             if received > limit:
                 raise HTTPException(413, f"request body exceeds the limit of {limit} bytes")
+            complete = not message.get("more_body", False)
+        else:
+            complete = True
         return message
 
     return wrapped
+
+
+def _bounded_send(send: Send, timeout_s: float) -> Send:
+    async def bounded(message: Message) -> None:
+        try:
+            async with asyncio.timeout(timeout_s):  # a timer, not a task per message
+                await send(message)
+        except TimeoutError:
+            raise SlowClientError(f"the client took nothing the server sent for {timeout_s:g} s") from None
+
+    return bounded

@@ -13,6 +13,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from omnistage.serving.loop_watch import LoopWatch
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 # Engine stats keys, in order of preference, that mean "requests waiting" and "KV-cache fraction used".
 QUEUE_KEYS = ("num_waiting", "waiting", "queue_depth", "num_queued")
@@ -23,6 +25,7 @@ class ServerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        self.loop = LoopWatch(r)  # the event loop's stalls (serving/loop_watch.py)
         self.requests = Counter(
             "omnistage_http_requests",
             "HTTP requests by route, method and status",

@@ -28,6 +28,13 @@ class ServerSettings:
     retry_after_s: int = 1
     # Seconds in-flight work may take to finish after SIGTERM before it is aborted.
     shutdown_grace_s: float = 10.0
+    # Slow clients (serving/guards.py): seconds a request's body may take to arrive (408 after), and
+    # seconds one response part or WebSocket message may wait for the client to take it (dropped after).
+    request_body_timeout_s: float = 60.0
+    send_timeout_s: float = 30.0
+    # Events a second one WebSocket client may send on average (bursts of twice that); over it, the socket
+    # is closed after an `error` event (serving/event_rate.py).
+    max_ws_events_per_s: float = 500.0
     # Realtime sessions (`WS /v1/realtime`): how many may be open at once, how long one may stay silent
     # while nothing is being answered, and how much input audio its buffer (or one item) may hold.
     max_realtime_sessions: int = 16
@@ -55,6 +62,8 @@ class ServerSettings:
             raise ValueError("max_image_pixels must be >= 1")
         if self.max_voice_upload_bytes < 1 or self.max_uploaded_voices < 0:
             raise ValueError("max_voice_upload_bytes must be >= 1 and max_uploaded_voices >= 0")
+        if self.request_body_timeout_s <= 0 or self.send_timeout_s <= 0 or self.max_ws_events_per_s <= 0:
+            raise ValueError("request_body_timeout_s, send_timeout_s and max_ws_events_per_s must be > 0")
         if self.speech_stream_idle_timeout_s <= 0:
             raise ValueError("speech_stream_idle_timeout_s must be > 0")
         if self.max_realtime_sessions < 0 or self.realtime_idle_timeout_s <= 0:

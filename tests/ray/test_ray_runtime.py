@@ -32,7 +32,7 @@ PARAMS = SamplingParams(max_tokens=6)
 def toy_deploy(gates) -> tuple[dict, dict]:
     """Every tensor over the TCP connector (inline_limit 0: even the thinker's 64-byte hidden rows)."""
     deploy = {"connectors": {"wire": {"type": "tcp", "inline_limit": 0}}}
-    overrides = pinned_overrides()
+    overrides = pinned_overrides(max_restarts=0)  # a killed actor stays dead until the test restarts it
     overrides["0"]["engine_args"] = {"gate_dir": str(gates)}
     overrides["1"]["input_connectors"] = {"from_stage_0": "wire"}
     overrides["2"]["input_connectors"] = {"from_stage_1": "wire"}

@@ -18,7 +18,7 @@ from omnistage.errors import StartupTimeoutError
 from tests.polling import wait_until
 from tests.reliability.leftovers import MARK_VARIABLE, new_mark, processes_marked, segments_of
 from tests.reliability.stuck_loader import LOCK_VARIABLE
-from tests.serving.server_process import REPO, free_port
+from tests.serving.server_process import REPO, ServerProcess, free_port
 
 pytestmark = pytest.mark.e2e
 STUCK = "tests.reliability.stuck_loader:wait_on_stale_lock"
@@ -85,3 +85,52 @@ async def test_the_api_deadline_overrides_every_stage(stale_lock: Path) -> None:
     del overrides["0"]["startup_timeout_s"]
     with pytest.raises(StartupTimeoutError, match=r"(?s)startup_timeout_s of 2 s.*wait_on_stale_lock"):
         AsyncOmni(str(tiny_llm_dir("qwen2")), stage_overrides=overrides, startup_timeout=2)
+
+
+def test_a_server_fixture_that_times_out_shows_what_its_stages_are_doing(stale_lock: Path, tmp_path: Path):
+    """A server whose stage never gets ready: the fixture's timeout error carries the stage's stack."""
+    overrides = stuck_overrides("process", timeout_s=600)
+    args = ["serve", str(tiny_llm_dir("qwen2")), "--stage-overrides", json.dumps(overrides)]
+    server = ServerProcess(args, tmp_path / "server.log", module="omnistage")
+    try:
+        with pytest.raises(TimeoutError) as failed:
+            server.wait_healthy(timeout=30)
+    finally:
+        server.stop()
+    report = str(failed.value)
+    assert "--- server log ---" in report and "stage-0-0.log ---" in report
+    assert "wait_on_stale_lock" in report and "file_baton" in report
+
+
+HANGING_TEST = """
+import threading, time
+import pytest
+
+@pytest.mark.timeout(2)
+def test_hangs():
+    threading.Thread(target=lambda: time.sleep(600), name="helper", daemon=True).start()
+    threading.Event().wait()
+"""
+
+
+def test_a_hanging_test_fails_with_every_threads_stack(tmp_path: Path) -> None:
+    """The suite's settings (pyproject.toml): a test past its budget fails, showing all threads, and the
+    run goes on to its end."""
+    planted = tmp_path / "test_planted.py"
+    planted.write_text(HANGING_TEST)
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-c",
+        str(REPO / "pyproject.toml"),
+    ]
+    done = subprocess.run(
+        [*command, "--rootdir", str(tmp_path), str(planted)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1, done.stdout[-2000:]
+    assert "Timeout (>2.0s) from pytest-timeout" in done.stdout and "1 failed" in done.stdout
+    assert "Stack of helper" in done.stdout and ">       threading.Event().wait()" in done.stdout  # both

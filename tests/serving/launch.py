@@ -6,8 +6,10 @@ python -m tests.serving.launch --port 8123 --models toy-omni,toy-image [--api-ke
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
+import signal
 
 from omnistage.serving.cli_args import add_server_args, settings_from_args
 from omnistage.serving.server import serve
@@ -23,6 +25,7 @@ def main() -> None:
     parser.add_argument("--stage-overrides", default=None, help="JSON, applied to every model")
     parser.add_argument("--toy-gate-dir", default=None, help="where tests open the toy engines' gates")
     args = parser.parse_args()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # what ServerProcess.diagnostics() asks for
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -5,12 +5,14 @@ can signal the group the way a terminal's Ctrl-C or `systemctl stop` would."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import httpx
@@ -18,6 +20,26 @@ import httpx
 from tests.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def children(pid: int) -> list[int]:
+    """Processes whose parent is `pid` (stage processes are the server's children)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
+
+
+def stage_logs(server_pid: int) -> list[Path]:
+    """The logs of the stage processes a server started (their configs name the server as owner)."""
+    logs = []
+    for config in Path(tempfile.gettempdir()).glob("omnistage-*/stage-*.json"):
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(config.read_text()).get("owner_pid") == server_pid:
+                logs.append(config.with_suffix(".log"))
+    return [log for log in logs if log.exists()]
 
 
 def free_port() -> int:
@@ -59,7 +81,24 @@ class ServerProcess:
         try:
             wait_until(self.healthy, timeout, "server healthy")
         except AssertionError as exc:
-            raise TimeoutError(f"{exc}:\n{self.logs()}") from None
+            raise TimeoutError(f"{exc}:\n{self.diagnostics()}") from None
+        except BaseException:  # the test's own budget ran out (pytest-timeout): say why before failing
+            print(f"server {self.url} not healthy yet:\n{self.diagnostics()}")
+            raise
+
+    def diagnostics(self) -> str:
+        """The server's and its stage processes' stacks (they dump them on SIGUSR1) and the ends of their
+        logs: what a server that is not healthy is waiting for."""
+        stages = stage_logs(self.proc.pid)
+        for pid in [self.proc.pid, *children(self.proc.pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR1)
+        with contextlib.suppress(AssertionError):  # the dumps are written in one go each
+            sizes = {p: p.stat().st_size for p in stages}
+            wait_until(lambda: all(p.stat().st_size > n for p, n in sizes.items()), 3, "stacks dumped")
+        parts = [f"--- server log ---\n{self.logs()}"]
+        parts += [f"--- {p} ---\n{p.read_text(errors='replace')[-4000:]}" for p in stages]
+        return "\n".join(parts)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0, group: bool = False) -> int:
         """Signal the server (`group`: its whole process group) and wait for it to exit."""

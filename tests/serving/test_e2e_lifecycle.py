@@ -70,8 +70,9 @@ def test_dead_stage_health_and_graceful_sigterm(tmp_path):
     args = toy_server_args(
         "toy-omni",
         storage_dir=tmp_path / "storage",
-        # The vocoder in its own process (the others inline, to keep the test light).
-        stage_overrides={"2": {"placement": "process"}},
+        # The vocoder in its own process (the others inline, to keep the test light), left dead when it
+        # dies (tests/reliability shows a replica restarting on its own).
+        stage_overrides={"2": {"placement": "process", "max_restarts": 0}},
         extra=["--toy-gate-dir", str(gates)],
     )
     server = ServerProcess(args, tmp_path / "server.log")

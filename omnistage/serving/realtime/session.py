@@ -23,6 +23,7 @@ from fastapi import WebSocket
 
 from omnistage.errors import OmniError
 from omnistage.serving.context import ServerContext
+from omnistage.serving.event_rate import RATE_LIMIT_CLOSE, EventRate
 from omnistage.serving.realtime import transcription
 from omnistage.serving.realtime.audio import AudioBuffer, decode_pcm16, ms
 from omnistage.serving.realtime.conversation import Conversation, Item, new_id
@@ -56,6 +57,7 @@ class RealtimeSession:
         self.response: Response | None = None
         self.background: set[asyncio.Task] = set()
         self.send_lock = asyncio.Lock()
+        self.rate = EventRate(ctx.settings.max_ws_events_per_s)
         self._reset_vad()
 
     @property
@@ -94,6 +96,10 @@ class RealtimeSession:
                     return True
                 frame = receiving.result()
                 if frame["type"] == "websocket.disconnect":
+                    return False
+                if not self.rate.allow():
+                    await self._error(BadEvent(self.rate.message(), None, "rate_limit_exceeded"))
+                    await self.ws.close(RATE_LIMIT_CLOSE)
                     return False
                 receiving = asyncio.ensure_future(self.ws.receive())
                 event: dict[str, Any] = {}

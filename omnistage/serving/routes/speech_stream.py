@@ -32,6 +32,7 @@ from starlette.websockets import WebSocketDisconnect
 from omnistage.errors import OmniError
 from omnistage.serving.context import ServerContext
 from omnistage.serving.errors import field_path
+from omnistage.serving.event_rate import RATE_LIMIT_CLOSE, EventRate
 from omnistage.serving.generation import generate
 from omnistage.serving.media import pcm16, wav_header
 from omnistage.serving.protocol import INPUT_MAX, SpeechSessionConfig
@@ -77,6 +78,7 @@ class SpeechSession:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.pending = 0  # queue items not yet finished
         self.send_lock = asyncio.Lock()
+        self.rate = EventRate(ctx.settings.max_ws_events_per_s)
 
     async def run(self) -> None:
         listener = asyncio.ensure_future(self._listen())
@@ -111,6 +113,10 @@ class SpeechSession:
                     return True
                 message = receiving.result()
                 if message["type"] == "websocket.disconnect":
+                    return False
+                if not self.rate.allow():
+                    await self._send_json({"type": "error", "message": self.rate.message()})
+                    await self.ws.close(RATE_LIMIT_CLOSE)
                     return False
                 receiving = asyncio.ensure_future(self.ws.receive())
                 try:
