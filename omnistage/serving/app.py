@@ -98,6 +98,12 @@ def create_app(
         app.include_router(playground.router)
     document_400(app)
     open_paths = playground.OPEN_PATHS if settings.playground else frozenset()
-    app.add_middleware(RequestGuard, settings=settings, state=ctx.state, open_paths=open_paths)
+    app.add_middleware(
+        RequestGuard,
+        settings=settings,
+        state=ctx.state,
+        open_paths=open_paths,
+        on_slow_client=lambda kind: ctx.metrics.slow_clients.labels(kind).inc(),
+    )
     app.add_middleware(MetricsMiddleware, metrics=ctx.metrics)  # outermost: counts rejected requests too
     return app

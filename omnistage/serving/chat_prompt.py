@@ -8,6 +8,7 @@ content is joined into one string, since many chat templates only take strings.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from omnistage.config.capabilities import Limits
@@ -95,22 +96,28 @@ async def _convert_part(
     if isinstance(part, ImageURLPart):
         param = f"{where}.image_url.url"
         data = await read(part.image_url.url, param)
-        prompt.media["image"].append(decode_image(data, max_pixels=pixels, param=param))
+        prompt.media["image"].append(
+            await asyncio.to_thread(decode_image, data, max_pixels=pixels, param=param)
+        )
         return {"type": "image"}
     if isinstance(part, InputAudioPart):
         param = f"{where}.input_audio.data"
         data = decode_base64(part.input_audio.data, param=param)
         check_upload(len(data), limits, param)
-        prompt.media["audio"].append(audio(data, param))
+        prompt.media["audio"].append(await asyncio.to_thread(audio, data, param))
         return {"type": "audio"}
     if isinstance(part, AudioURLPart):
         param = f"{where}.audio_url.url"
-        prompt.media["audio"].append(audio(await read(part.audio_url.url, param), param))
+        prompt.media["audio"].append(
+            await asyncio.to_thread(audio, await read(part.audio_url.url, param), param)
+        )
         return {"type": "audio"}
     if isinstance(part, VideoURLPart):
         param = f"{where}.video_url.url"
         data = await read(part.video_url.url, param)
-        video = decode_video(data, max_pixels=pixels, max_frames=MAX_VIDEO_FRAMES, param=param)
+        video = await asyncio.to_thread(
+            decode_video, data, max_pixels=pixels, max_frames=MAX_VIDEO_FRAMES, param=param
+        )
         prompt.media["video"].append(video)
         return {"type": "video"}
     raise TypeError(f"unhandled content part {type(part).__name__}")

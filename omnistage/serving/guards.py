@@ -15,6 +15,7 @@ import asyncio
 import hmac
 import json
 import logging
+from collections.abc import Callable
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -50,17 +51,20 @@ class RequestGuard:
         settings: ServerSettings,
         state: ServerState,
         open_paths: frozenset[str] = frozenset(),
+        on_slow_client: Callable[[str], None] = lambda kind: None,
     ):
         self.app = app
         self.settings = settings
         self.state = state
         self.open_paths = PUBLIC_PATHS | open_paths
         self._key = settings.api_key.encode() if settings.api_key else None
+        self.on_slow_client = on_slow_client
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
             try:
-                await self.app(scope, receive, _bounded_send(send, self.settings.send_timeout_s))
+                bounded = _bounded_send(send, self.settings.send_timeout_s, self.on_slow_client, "websocket")
+                await self.app(scope, receive, bounded)
             except SlowClientError as exc:  # the route's work ended with it (the exception unwound it)
                 logger.warning("%s: %s; dropped", scope.get("path", ""), exc)
             return
@@ -83,7 +87,7 @@ class RequestGuard:
             return
         started = False
 
-        bounded = _bounded_send(send, self.settings.send_timeout_s)
+        bounded = _bounded_send(send, self.settings.send_timeout_s, self.on_slow_client, "http")
 
         async def tracking_send(message: Message) -> None:
             nonlocal started
@@ -151,12 +155,21 @@ def _limited(receive: Receive, limit: int, timeout_s: float) -> Receive:
     return wrapped
 
 
-def _bounded_send(send: Send, timeout_s: float) -> Send:
+def _bounded_send(send: Send, timeout_s: float, on_slow: Callable[[str], None], kind: str) -> Send:
+    """A send that gives up on a client that has taken nothing for `timeout_s` (counted once)."""
+    dropped = False
+
     async def bounded(message: Message) -> None:
+        nonlocal dropped
+        if dropped:  # the connection is given up: what the route still sends fails at once
+            raise SlowClientError(f"the client took nothing the server sent for {timeout_s:g} s")
         try:
             async with asyncio.timeout(timeout_s):  # a timer, not a task per message
                 await send(message)
         except TimeoutError:
+            if not dropped:
+                dropped = True
+                on_slow(kind)
             raise SlowClientError(f"the client took nothing the server sent for {timeout_s:g} s") from None
 
     return bounded

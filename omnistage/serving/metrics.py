@@ -26,6 +26,12 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.loop = LoopWatch(r)  # the event loop's stalls (serving/loop_watch.py)
+        self.slow_clients = Counter(
+            "omnistage_slow_clients_dropped",
+            "connections dropped because the client took nothing sent to it for --send-timeout",
+            ["kind"],
+            registry=r,
+        )
         self.requests = Counter(
             "omnistage_http_requests",
             "HTTP requests by route, method and status",

@@ -7,6 +7,7 @@ fields posted to `/v1/audio/speech`.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from omnistage.config.capabilities import SPEECH_OPTIONS
@@ -151,5 +152,5 @@ async def speak(
     validate_speech(body, model)
     prompt, params = await speech_request(body, model, ctx)
     out = await last_output(generate(model, ctx.metrics, prompt, params, request_id, ["audio"]))
-    data, rate = encoded_audio(out, body, model)
+    data, rate = await asyncio.to_thread(encoded_audio, out, body, model)  # encoding takes seconds for mp3
     return out, data, rate

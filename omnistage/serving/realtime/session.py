@@ -43,6 +43,15 @@ logger = logging.getLogger(__name__)
 HEARS_AUDIO = "realtime"  # the Capabilities route of a model that takes the user's audio itself
 
 
+# Work on a client's event bigger than this (bytes) runs on a thread: parsing, decoding and the VAD of a
+# 10 s append take tens of milliseconds, which would hold every other stream on the server's event loop.
+OFF_LOOP_BYTES = 64 * 1024
+
+
+async def off_loop_if_large(fn: Any, arg: Any, size: int) -> Any:
+    return await asyncio.to_thread(fn, arg) if size > OFF_LOOP_BYTES else fn(arg)
+
+
 class RealtimeSession:
     def __init__(self, websocket: WebSocket, ctx: ServerContext, model: ServedModel):
         self.ws, self.ctx, self.model = websocket, ctx, model
@@ -104,7 +113,7 @@ class RealtimeSession:
                 receiving = asyncio.ensure_future(self.ws.receive())
                 event: dict[str, Any] = {}
                 try:
-                    event = parse_event(frame)
+                    event = await off_loop_if_large(parse_event, frame, len(frame.get("text") or ""))
                     await self._handle(event)
                 except BadEvent as exc:
                     await self._error(exc, event.get("event_id"))
@@ -121,7 +130,8 @@ class RealtimeSession:
             self._update(event.get("session"))
             await self.send("session.updated", session=self.config.public(self.id))
         elif kind == "input_audio_buffer.append":
-            await self._append(decode_pcm16(event.get("audio")))
+            audio = event.get("audio")
+            await self._append(await off_loop_if_large(decode_pcm16, audio, len(audio or "")))
         elif kind == "input_audio_buffer.commit":
             if not self.buffer.size:
                 raise BadEvent(
@@ -184,7 +194,7 @@ class RealtimeSession:
         self.buffer.append(samples)
         if self.vad is None:
             return
-        for vad_event in self.vad.feed(samples):
+        for vad_event in await off_loop_if_large(self.vad.feed, samples, 2 * len(samples)):
             if vad_event.kind == "started":
                 self.speech_item, self.speech_start = new_id("item"), vad_event.position
                 await self.send(

@@ -9,6 +9,7 @@ serves transcriptions.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -42,7 +43,7 @@ def transcriber(ctx: ServerContext, name: str | None) -> ServedModel:
 async def transcribe(ctx: ServerContext, wanted: Any, samples: np.ndarray) -> str:
     """The transcript of 24 kHz mono `samples` (`wanted`: the session's transcription settings or None)."""
     model = transcriber(ctx, wanted.model if wanted is not None else None)
-    audio = resample(samples, SAMPLE_RATE, TRANSCRIPTION_RATE)
+    audio = await asyncio.to_thread(resample, samples, SAMPLE_RATE, TRANSCRIPTION_RATE)
     prompt = {
         "audio": audio,
         "language": wanted.language if wanted is not None else None,

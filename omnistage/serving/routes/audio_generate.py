@@ -6,6 +6,7 @@ through the call argument the model declares (`Capabilities.audio_length_arg`). 
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 from fastapi import APIRouter, Depends, Request
@@ -48,6 +49,6 @@ async def generate_audio(
     samples = audio_of(out)
     if samples is None:
         raise OmniError("the model did not produce audio")
-    data, rate = encode_audio(samples, sample_rate_of(out), body.response_format)
+    data, rate = await asyncio.to_thread(encode_audio, samples, sample_rate_of(out), body.response_format)
     media_type = AUDIO_CONTENT_TYPES[body.response_format]
     return Response(data, media_type=media_type, headers={"x-omnistage-sample-rate": str(rate)})

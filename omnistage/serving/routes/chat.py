@@ -9,6 +9,7 @@ context (its stage caps it at the context minus the prompt), as vLLM does.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 import uuid
@@ -16,7 +17,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
 from omnistage.errors import InvalidRequestError, OmniError
@@ -76,7 +77,8 @@ async def chat_completions(
         events = _stream_events(reply, primed, include_usage)
         return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
     outputs = await unless_disconnected(request, collect(streams))
-    return reply.completion(outputs)
+    # Encoding its audio and media (mp3: seconds) and rendering the JSON: off the event loop.
+    return await asyncio.to_thread(lambda: JSONResponse(reply.completion(outputs)))
 
 
 def _plan(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 import uuid
@@ -64,13 +65,14 @@ async def _run(
     fmt = "jpeg" if body.output_format == "jpg" else body.output_format
     height, width = results[0].shape[:2]
     quality = {} if body.output_compression is None else {"quality": body.output_compression}
-    data = [
-        {
-            "b64_json": base64.b64encode(encode_image(img, fmt, **quality)).decode(),
-            "revised_prompt": None,
-        }
-        for img in results
-    ]
+
+    def encoded() -> list[dict[str, Any]]:  # off the event loop: large images take a while
+        return [
+            {"b64_json": base64.b64encode(encode_image(img, fmt, **quality)).decode(), "revised_prompt": None}
+            for img in results
+        ]
+
+    data = await asyncio.to_thread(encoded)
     return {"created": int(time.time()), "data": data, "output_format": fmt, "size": f"{width}x{height}"}
 
 
@@ -93,7 +95,9 @@ async def edits(request: Request, ctx: ServerContext = Depends(get_context)):
     for name, data in uploads:
         check_upload(len(data), limits, name)
     pixels = ctx.settings.max_image_pixels
-    decoded = [decode_image(data, max_pixels=pixels, param=name) for name, data in uploads]
+    decoded = await asyncio.to_thread(
+        lambda: [decode_image(data, max_pixels=pixels, param=name) for name, data in uploads]
+    )
     images = [image for (name, _), image in zip(uploads, decoded, strict=True) if name != "mask"]
     mask = next((image for (name, _), image in zip(uploads, decoded, strict=True) if name == "mask"), None)
     return await _run(request, ctx, body, images=images, mask=mask)

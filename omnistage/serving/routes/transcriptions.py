@@ -9,6 +9,7 @@ order) and exactly one `transcript.text.done`, or an `error` event.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -93,7 +94,7 @@ async def _answer(request: Request, ctx: ServerContext, task: str) -> Response:
     uploads = await files(form, "file")
     if len(uploads) != 1:
         raise InvalidRequestError("file: send exactly one audio file", param="file")
-    audio = _audio(uploads[0][1], model, ctx)
+    audio = await asyncio.to_thread(_audio, uploads[0][1], model, ctx)  # decoding: off the event loop
     seconds = len(audio) / SAMPLE_RATE
     language = fields.get("language") or None
     prompt = {"audio": audio, "language": language, "task": task, "prompt": fields.get("prompt") or None}

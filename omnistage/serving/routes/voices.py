@@ -7,6 +7,8 @@ one voice.
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Depends, Request
 from starlette.datastructures import UploadFile
 
@@ -56,7 +58,7 @@ async def upload_voice(request: Request, ctx: ServerContext = Depends(get_contex
         raise InvalidRequestError(
             f"name: {body.name!r} is a served model's own voice; choose another name", param="name"
         )
-    samples, rate = decode_audio(data, param="audio_sample")
+    samples, rate = await asyncio.to_thread(decode_audio, data, param="audio_sample")
     if not samples.size:
         raise InvalidRequestError("audio_sample: the file holds no audio samples", param="audio_sample")
     upload = form.get("audio_sample")
