@@ -61,7 +61,7 @@ def test_500_mixed_requests_leave_memory_flat_and_nothing_behind(demo_server) ->
     after = rss_bytes(pids)
     stages = len(pids) - 1
     mib = f"{before / 2**20:.0f} -> {after / 2**20:.0f} MiB"
-    print(f"\n500 mixed requests at c=32 in {result.seconds:.1f} s ({result.done}); {len(result.errors)} errors")
+    print(f"\n500 mixed requests at c=32: {result.seconds:.1f} s, {result.done}, {len(result.errors)} errors")
     print(f"RSS of the server and its {stages} stage processes {mib}")
     assert not result.errors and result.requests == 500, result.errors[:5]
     assert after <= before * (1 + RSS_GROWTH_BOUND) + RSS_GROWTH_SLACK_BYTES
