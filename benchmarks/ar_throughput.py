@@ -26,7 +26,7 @@ since a machine whose speed swings between rounds can favour either side's best 
 Memory (`--memory`): with one KV budget, how many 256-token sequences the engine holds at once, against a
 contiguous per-request cache sized for the model's max length (budget // bytes of one max-length cache).
 
-Default model: the benchmark checkpoint from omnistage.demo.llm (Qwen2 architecture, hidden 768, 12
+Default model: the benchmark checkpoint from omnistage.families.llm.tiny (Qwen2 architecture, hidden 768, 12
 layers, 12 heads, 4 KV heads, bf16, random weights); `--model` runs any causal-LM directory or GGUF file
 (e.g. the demo's SmolLM2-135M-Instruct, benchmarked from the directory the GGUF converts to).
 """
@@ -348,11 +348,11 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.model is None:
-        from omnistage.demo.llm import bench_llm_dir
+        from omnistage.families.llm.tiny import bench_llm_dir
 
         args.model = str(bench_llm_dir())
     else:
-        from omnistage.config.resolve import model_directory
+        from omnistage.families.resolve import model_directory
 
         args.model = str(model_directory(args.model))
     config = json.loads((Path(args.model) / "config.json").read_text())

@@ -13,9 +13,9 @@ import time
 
 import torch
 
-from omnistage.models.qwen3_omni.checkpoint import qwen3_omni_dir
-from omnistage.models.qwen3_omni.loaders import load_talker
-from omnistage.models.qwen3_tts.talker import residual_codes
+from omnistage.families.qwen3_omni.checkpoint import qwen3_omni_dir
+from omnistage.families.qwen3_omni.loaders import load_talker
+from omnistage.families.qwen3_tts.talker import residual_codes
 from omnistage.stages.ar.packed_linear import pack_linears, packing_available
 
 

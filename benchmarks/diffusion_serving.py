@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from omnistage import media  # noqa: E402
 from omnistage.config.deploy import StageDeploy  # noqa: E402
-from omnistage.demo.diffusion_models import wan_bench_dir  # noqa: E402
+from omnistage.families.diffusers.tiny import wan_bench_dir  # noqa: E402
 from omnistage.params import DiffusionParams  # noqa: E402
 from omnistage.stages.base import StageRequest  # noqa: E402
 from omnistage.stages.diffusion.engine import DiffusionEngine  # noqa: E402

@@ -34,7 +34,7 @@ CONCURRENCY = (1, 8)
 
 
 def clips() -> list[np.ndarray]:
-    from omnistage.models.hibari.voice import SAMPLE_RATE, load_hibari
+    from omnistage.families.hibari.voice import SAMPLE_RATE, load_hibari
 
     tts = load_hibari()
     return [

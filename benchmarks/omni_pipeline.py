@@ -50,9 +50,9 @@ import numpy as np
 import torch
 
 from omnistage import AsyncOmni, GenerationParams, SamplingParams
-from omnistage.demo.qwen2_5_omni import qwen2_5_omni_dir
-from omnistage.models.qwen2_5_omni.processor import load_processor, prompt_to_inputs
-from omnistage.models.qwen3_omni.checkpoint import qwen3_omni_dir
+from omnistage.families.qwen2_5_omni.processor import load_processor, prompt_to_inputs
+from omnistage.families.qwen2_5_omni.tiny import qwen2_5_omni_dir
+from omnistage.families.qwen3_omni.checkpoint import qwen3_omni_dir
 
 TOPICS = ["cats", "rain", "trains", "the sea", "music", "bread", "winter", "rivers"]
 

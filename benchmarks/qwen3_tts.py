@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the reference's worker and venv helpers live with the family's tests
 
 from omnistage import AsyncOmni, SamplingParams  # noqa: E402
-from omnistage.demo.cache import cached_dir  # noqa: E402
+from omnistage.cache import cached_dir  # noqa: E402
 from tests.qwen3_tts.reference_outputs import STAMP, WORKER, call_reference, reference_venv  # noqa: E402
 
 RATE = 24000

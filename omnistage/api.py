@@ -21,9 +21,9 @@ from tqdm import tqdm
 
 from omnistage.config.capabilities import Capabilities
 from omnistage.config.deploy import DeploySpec, resolve_deploy
-from omnistage.config.pipeline import PipelineSpec
-from omnistage.config.resolve import resolve_pipeline
+from omnistage.config.pipeline import PipelineSpec, register_family
 from omnistage.errors import ConfigError, InvalidRequestError, OverloadedError
+from omnistage.families.resolve import resolve_pipeline
 from omnistage.outputs import OmniRequestOutput
 from omnistage.params import apply_constraints, layer_params, params_class
 from omnistage.runtime.orchestrator import Orchestrator
@@ -120,6 +120,7 @@ class _OmniBase:
         if isinstance(model, PipelineSpec):
             self.pipeline = model
             self.model_dir = str(model_dir) if model_dir else None
+            register_family(model.family)  # its engine registrations, for stages in this process
         else:
             self.pipeline, info = resolve_pipeline(model)
             self.model_dir = str(info.path)

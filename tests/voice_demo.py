@@ -23,7 +23,7 @@ IDLE_S = 4
 
 def voice_demo_args(voices_dir: Path, storage_dir: Path) -> list[str]:
     from omnistage.demo import demo_model_dirs
-    from omnistage.demo.qwen2_5_omni import qwen2_5_omni_dir
+    from omnistage.families.qwen2_5_omni.tiny import qwen2_5_omni_dir
 
     models = [qwen2_5_omni_dir(), *demo_model_dirs()]
     args = ["serve", *map(str, models), "--num-threads", "1", "--voices-dir", str(voices_dir)]

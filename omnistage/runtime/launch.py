@@ -44,6 +44,7 @@ class WorkerConfig(msgspec.Struct):
     board_seat: BoardSeat | None = None
     host: str = ""  # the address a TCP output connector serves from ("": this host's, see connectors/tcp.py)
     inline_limit: int = INLINE_LIMIT  # payloads up to this many bytes ride in the message frame
+    family: str | None = None  # the pipeline family's register(), run before the engine is built
 
     def stage_spec(self) -> StageSpec:
         data = dict(self.stage)

@@ -26,7 +26,7 @@ import zmq
 import zmq.asyncio
 
 from omnistage.config.deploy import DeploySpec
-from omnistage.config.pipeline import PipelineSpec, StageSpec
+from omnistage.config.pipeline import PipelineSpec, StageSpec, ref_to_path
 from omnistage.connectors.base import Payload
 from omnistage.connectors.shm import ShmConnector, live_segments, sweep_stale_segments
 from omnistage.connectors.shm import release as release_segment
@@ -200,6 +200,7 @@ class Orchestrator:
             model_dir=self.model_dir,
             stream_tensors=stream,
             board_seat=BoardSeat(self.board.name, slot) if self.board else None,
+            family=ref_to_path(self.pipeline.family),
         )
         if settings.placement == "inline":
             return InlineStageClient(

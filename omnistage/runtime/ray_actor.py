@@ -1,6 +1,6 @@
 """The Ray actor one stage replica runs in.
 
-It runs the stage process's worker (`stages/worker.py:run_config`) unchanged: the same ZMQ sockets and
+It runs the stage process's worker (`runtime/stage_process.py:run_config`) unchanged: the same ZMQ sockets and
 msgspec frames, connected over TCP to the orchestrator instead of IPC, so the orchestrator treats an actor
 like a process. Ray only places it (resources, nodes) and tells us when it dies.
 """
@@ -44,7 +44,7 @@ class StageActor:
         import ray
 
         from omnistage.runtime.launch import WorkerConfig
-        from omnistage.stages.worker import run_config
+        from omnistage.runtime.stage_process import run_config
 
         sys.path[:0] = [p for p in sys_path if p and p not in sys.path]
         os.environ.update(env)

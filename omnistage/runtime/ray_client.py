@@ -100,6 +100,7 @@ class RayStageClient(StageClient):
             output_connector=self.output_connector,
             stream_tensors=self.stream_tensors,
             inline_limit=self.inline_limit,
+            family=self.family,
         )
         options: dict[str, Any] = {
             "num_cpus": 1 if self.deploy.num_cpus is None else self.deploy.num_cpus,

@@ -2,8 +2,8 @@
 
 `InlineStageClient` runs the worker on a thread of this process (no serialization at all);
 `ProcessStageClient` runs it in a subprocess and speaks ZMQ + msgspec. Both run the same worker loop
-(`stages/worker.py:serve_stage`) and deliver every message from the stage through `on_message`, called on
-the orchestrator's event loop.
+(`runtime/stage_process.py:serve_stage`) and deliver every message from the stage through `on_message`,
+called on the orchestrator's event loop.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from omnistage.connectors.shm import ShmConnector
 from omnistage.runtime.launch import WorkerConfig, refs_to_paths, stage_to_dict
 from omnistage.runtime.messages import INLINE_LIMIT, Codec, Shutdown, ToWorker
 from omnistage.runtime.stage_board import BoardSeat
-from omnistage.stages.worker import create_engine, serve_stage
+from omnistage.runtime.stage_process import create_engine, serve_stage
 
 logger = logging.getLogger(__name__)
 SEND_WAIT_S = 5.0  # the longest a send waits for a worker to (re)connect (see ProcessStageClient._deliver)
@@ -52,7 +52,9 @@ class StageClient:
         on_message: OnMessage,
         stream_tensors: bool,
         board_seat: BoardSeat | None = None,
+        family: str | None = None,
     ):
+        self.family = family  # the pipeline's family: registered in the stage process before its engine
         self.stage = stage
         self.deploy = deploy
         self.replica = replica
@@ -245,6 +247,7 @@ class ProcessStageClient(StageClient):
             stream_tensors=self.stream_tensors,
             board_seat=self.board_seat,
             inline_limit=self.inline_limit,
+            family=self.family,
         )
         path = self.ipc_dir / f"stage-{self.stage.stage_id}-{self.replica}.json"
         path.write_bytes(msgspec.json.encode(cfg))
@@ -258,7 +261,7 @@ class ProcessStageClient(StageClient):
                 [
                     sys.executable,
                     "-c",
-                    "import sys; from omnistage.stages.worker import main; main(sys.argv[1])",
+                    "import sys; from omnistage.runtime.stage_process import main; main(sys.argv[1])",
                     str(path),
                 ],
                 stdin=subprocess.PIPE,

@@ -9,13 +9,13 @@ from omnistage.serving.settings import ServerSettings
 
 
 def default_storage_dir() -> Path:
-    from omnistage.demo.cache import cache_root
+    from omnistage.cache import cache_root
 
     return cache_root() / "storage"
 
 
 def default_voices_dir() -> Path:
-    from omnistage.demo.cache import cache_root
+    from omnistage.cache import cache_root
 
     return cache_root() / "voices"
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 
+from omnistage.cache import cached_dir
 from omnistage.config.deploy import StageDeploy
 from omnistage.config.pipeline import StageSpec
-from omnistage.demo.cache import cached_dir
-from omnistage.demo.llm import TINY, TINY_VOCAB, tiny_llm_dir
-from omnistage.demo.tokenizer import build_tokenizer, generation_eos_ids
+from omnistage.families.llm.tiny import TINY, TINY_VOCAB, tiny_llm_dir
+from omnistage.families.shared.tokenizer import build_tokenizer, generation_eos_ids
 from omnistage.outputs import StageOutput, StageResult
 from omnistage.stages.ar.engine import AREngine, create_engine
 from omnistage.stages.ar.loader import LoadedModel, load_causal_lm

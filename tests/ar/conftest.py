@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omnistage.demo.llm import tiny_llm_dir
+from omnistage.families.llm.tiny import tiny_llm_dir
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omnistage.demo.cache import cached_dir
+from omnistage.cache import cached_dir
 from omnistage.params import SamplingParams
 from omnistage.stages.base import StageRequest
 from tests.ar import ar_helpers

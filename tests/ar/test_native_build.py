@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from omnistage.demo.llm import tiny_llm_dir
+from omnistage.families.llm.tiny import tiny_llm_dir
 from omnistage.stages.ar import native
 
 pytestmark = pytest.mark.e2e

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from omnistage import Omni, SamplingParams
-from omnistage.demo.llm import tiny_llm_dir
+from omnistage.families.llm.tiny import tiny_llm_dir
 from tests.ar.ar_helpers import hf_greedy, hf_tokenizer
 
 PROMPTS = [[5, 17, 301, 42, 99, 7], list(range(30, 75)), [250, 251, 252]]

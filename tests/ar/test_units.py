@@ -117,8 +117,8 @@ def test_streamed_text_equals_decoding_all_output_tokens() -> None:
 @pytest.mark.unit
 def test_llm_directories_resolve_to_a_one_stage_text_pipeline(qwen2_dir: str) -> None:
     from omnistage.config.deploy import resolve_deploy
-    from omnistage.config.resolve import resolve_pipeline
-    from omnistage.demo.llm import tiny_llm_dir
+    from omnistage.families.llm.tiny import tiny_llm_dir
+    from omnistage.families.resolve import resolve_pipeline
 
     for arch in ("qwen2", "qwen3", "llama"):
         spec, info = resolve_pipeline(tiny_llm_dir(arch))

@@ -85,9 +85,9 @@ def test_omnistage_serves_it_as_images_and_clips_at_its_native_size():
     """Resolved to the two-stage demo pipeline, so /v1/images/generations and /v1/videos both find it and a
     request that names no size gets 32x32 (not Wan's 480x832x81)."""
     from omnistage import DiffusionParams, Omni
-    from omnistage.config.resolve import resolve_pipeline
     from omnistage.demo import demo_model_dirs
-    from omnistage.pipelines.demo_shapes import DEMO_SHAPES_PIPELINE
+    from omnistage.families.resolve import resolve_pipeline
+    from omnistage.families.wan.shapes import DEMO_SHAPES_PIPELINE
 
     assert demo_model_dir() in demo_model_dirs()
     assert resolve_pipeline(demo_model_dir())[0] is DEMO_SHAPES_PIPELINE

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from omnistage.config.deploy import StageDeploy
-from omnistage.demo.diffusion_models import tiny_pipeline_dir
+from omnistage.families.diffusers.tiny import tiny_pipeline_dir
 from omnistage.params import DiffusionParams
 from omnistage.stages.base import StageRequest
 from omnistage.stages.diffusion.engine import DiffusionEngine

@@ -8,7 +8,7 @@ import torch
 
 from omnistage.config.deploy import resolve_deploy
 from omnistage.config.pipeline import StageKind, load_ref
-from omnistage.config.resolve import resolve_pipeline
+from omnistage.families.resolve import resolve_pipeline
 from omnistage.stages.base import EngineContext
 from tests.diffusion.helpers import drain, model_dir, plain_pipeline, request
 

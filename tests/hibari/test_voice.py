@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from omnistage.config.deploy import StageDeploy
-from omnistage.models.hibari.synthesis import fast_noise, synthesize
-from omnistage.models.hibari.units import speech_units
-from omnistage.models.hibari.voice import HibariVoice, load_hibari
+from omnistage.families.hibari.pipeline import HIBARI_TTS, SPOKEN_CHAT
+from omnistage.families.hibari.synthesis import fast_noise, synthesize
+from omnistage.families.hibari.units import speech_units
+from omnistage.families.hibari.voice import HibariVoice, load_hibari
 from omnistage.outputs import StageOutput, StageResult
 from omnistage.params import GenerationParams
-from omnistage.pipelines.hibari import HIBARI_TTS, SPOKEN_CHAT
 from omnistage.stages.base import EngineContext, StageInputContext, StageRequest
 from tests.asr import transcribe, word_errors
 
@@ -28,7 +28,7 @@ TEXTS = [
 
 @pytest.fixture(scope="module", params=["library", "fast"])
 def engine(request):
-    from omnistage.models.hibari.voice import create_engine
+    from omnistage.families.hibari.voice import create_engine
 
     stage = HIBARI_TTS.stage(0)
     deploy = StageDeploy(stage_id=0, engine_args={"synthesis": request.param})

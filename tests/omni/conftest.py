@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from omnistage import GenerationParams, SamplingParams
-from omnistage.demo.qwen2_5_omni import qwen2_5_omni_dir
-from omnistage.models.qwen2_5_omni.processor import load_processor
+from omnistage.families.qwen2_5_omni.processor import load_processor
+from omnistage.families.qwen2_5_omni.tiny import qwen2_5_omni_dir
 from tests.omni.omni_reference import load_reference_model, run_reference
 
 THINKER_TOKENS = 10

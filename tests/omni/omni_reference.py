@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from transformers import Qwen2_5OmniForConditionalGeneration
 
-from omnistage.models.qwen2_5_omni.processor import prompt_to_inputs
+from omnistage.families.qwen2_5_omni.processor import prompt_to_inputs
 
 
 @dataclasses.dataclass

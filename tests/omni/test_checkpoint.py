@@ -8,9 +8,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from omnistage.config.resolve import resolve_pipeline
 from omnistage.errors import InvalidRequestError
-from omnistage.models.qwen2_5_omni.processor import prompt_to_inputs
+from omnistage.families.qwen2_5_omni.processor import prompt_to_inputs
+from omnistage.families.resolve import resolve_pipeline
 
 pytestmark = pytest.mark.unit
 

@@ -54,7 +54,7 @@ async def test_default_deploy_streams_audio_and_skips_speech_for_text_only(omni_
 
 async def test_inline_full_handoff_matches_reference_exactly(omni_dir, references):
     """One process, full handoff: the waveform is the reference's; a bad speaker fails, naming it."""
-    deploy = "omnistage/pipelines/deploy/qwen2_5_omni_inline.yaml"
+    deploy = "omnistage/families/qwen2_5_omni/qwen2_5_omni_inline.yaml"
     async with AsyncOmni(str(omni_dir), deploy, stage_overrides={"2": {"async_chunk": False}}) as omni:
         ref = references["image"]
         final = (await collect(omni, PROMPTS["image"], greedy_params()))[-1]

@@ -5,9 +5,9 @@ waveform in full-handoff and async-chunk mode, for text, image, audio and video 
 import pytest
 
 from omnistage.config.deploy import resolve_deploy
+from omnistage.families.qwen2_5_omni.pipeline import QWEN2_5_OMNI
 from omnistage.outputs import StageOutput, StageResult
-from omnistage.pipelines.qwen2_5_omni import QWEN2_5_OMNI
-from omnistage.stages.worker import create_engine
+from omnistage.runtime.stage_process import create_engine
 from tests import stage_chain
 from tests.omni.conftest import PROMPTS, assert_async_audio_close, greedy_params
 

@@ -6,15 +6,15 @@ import torch
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniUpSample1d
 
 from omnistage.config.deploy import StageDeploy
-from omnistage.models.qwen2_5_omni.loaders import load_token2wav
-from omnistage.models.qwen2_5_omni.token2wav import (
+from omnistage.families.qwen2_5_omni.loaders import load_token2wav
+from omnistage.families.qwen2_5_omni.pipeline import QWEN2_5_OMNI
+from omnistage.families.qwen2_5_omni.token2wav import (
     OneChannelUpSample,
     SigmoidTanhGELU,
     Token2WavGenerator,
     create_engine,
 )
 from omnistage.params import GenerationParams
-from omnistage.pipelines.qwen2_5_omni import QWEN2_5_OMNI
 from omnistage.stages.base import EngineContext, StageRequest
 from tests.omni.conftest import ASYNC_TOLERANCE, assert_async_audio_close, first_chunk_samples
 

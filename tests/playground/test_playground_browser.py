@@ -15,7 +15,7 @@ from PIL import Image
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
-from omnistage.pipelines.demo_shapes import DEMO_SHAPES_PIPELINE
+from omnistage.families.wan.shapes import DEMO_SHAPES_PIPELINE
 from omnistage.serving.limits import effective_limits
 from omnistage.serving.settings import ServerSettings
 from tests.playground.conftest import API_KEY

@@ -9,10 +9,10 @@ import torch
 
 from omnistage import SamplingParams
 from omnistage.config.deploy import resolve_deploy
-from omnistage.models.qwen3_omni.checkpoint import qwen3_omni_dir
+from omnistage.families.qwen3_omni.checkpoint import qwen3_omni_dir
+from omnistage.families.qwen3_omni.pipeline import QWEN3_OMNI
 from omnistage.outputs import StageOutput, StageResult
-from omnistage.pipelines.qwen3_omni import QWEN3_OMNI
-from omnistage.stages.worker import create_engine
+from omnistage.runtime.stage_process import create_engine
 from tests import stage_chain
 from tests.qwen3_omni.reference import load_reference_model, run_reference
 
@@ -91,7 +91,7 @@ def omni3_dir():
 def references(omni3_dir):
     from transformers import Qwen3OmniMoeProcessor
 
-    from omnistage.models.qwen2_5_omni.processor import load_processor
+    from omnistage.families.qwen2_5_omni.processor import load_processor
 
     model = load_reference_model(omni3_dir)
     processor = load_processor(str(omni3_dir), Qwen3OmniMoeProcessor)

@@ -7,8 +7,8 @@ import torch
 
 from omnistage import SamplingParams
 from omnistage.config.pipeline import load_ref
+from omnistage.families.qwen3_omni.pipeline import QWEN3_OMNI
 from omnistage.outputs import StageResult
-from omnistage.pipelines.qwen3_omni import QWEN3_OMNI
 from omnistage.stages.base import StageInputContext
 from tests.qwen3_omni.conftest import FRAMES, PROMPTS
 

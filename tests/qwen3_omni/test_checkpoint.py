@@ -7,8 +7,8 @@ import shutil
 import pytest
 from safetensors import safe_open
 
-from omnistage.config.resolve import resolve_pipeline
-from omnistage.pipelines.qwen3_omni import QWEN3_OMNI, QWEN3_OMNI_THINKER_ONLY
+from omnistage.families.qwen3_omni.pipeline import QWEN3_OMNI, QWEN3_OMNI_THINKER_ONLY
+from omnistage.families.resolve import resolve_pipeline
 
 pytestmark = pytest.mark.unit
 

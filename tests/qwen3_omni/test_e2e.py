@@ -8,7 +8,7 @@ from omnistage import AsyncOmni, SamplingParams
 from tests.qwen3_omni.conftest import PROMPTS, greedy_params
 
 pytestmark = pytest.mark.e2e
-DEPLOY = "omnistage/pipelines/deploy/qwen3_omni_inline.yaml"
+DEPLOY = "omnistage/families/qwen3_omni/qwen3_omni_inline.yaml"
 
 
 async def collect(omni, prompt, params=None, modalities=None):

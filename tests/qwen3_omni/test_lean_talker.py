@@ -6,9 +6,9 @@ the reference through the engine."""
 
 import pytest
 import torch
-
-from omnistage.models.qwen3_omni.loaders import load_talker
 from omnistage.models.qwen3_tts import talker as frames
+
+from omnistage.families.qwen3_omni.loaders import load_talker
 from omnistage.stages.ar.lean_decoder import LeanDecoder
 from omnistage.stages.ar.packed_linear import pack_linears, packing_available
 from tests.ar.ar_helpers import use_pointwise

@@ -27,7 +27,7 @@ STAGE_PARAMS = [
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, omni3_dir):
     root = tmp_path_factory.mktemp("qwen3_omni")
-    deploy = "omnistage/pipelines/deploy/qwen3_omni_inline.yaml"
+    deploy = "omnistage/families/qwen3_omni/qwen3_omni_inline.yaml"
     args = ["serve", str(omni3_dir), "--deploy-config", deploy, "--storage-dir", str(root / "storage")]
     proc = ServerProcess(args, root / "server.log", module="omnistage")
     try:

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 
-from omnistage.demo.cache import cache_root, cached_dir
+from omnistage.cache import cache_root, cached_dir
 from tests.qwen3_tts import tiny_checkpoint
 
 HERE = Path(__file__).parent

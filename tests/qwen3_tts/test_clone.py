@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from omnistage.models.qwen3_tts.prompt import talker_prompt
+from omnistage.families.qwen3_tts.prompt import talker_prompt
 from omnistage.stages.base import StageRequest
 from tests.ar.ar_helpers import run
 from tests.qwen3_tts.reference_outputs import reference_clone, tiny_dir

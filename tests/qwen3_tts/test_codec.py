@@ -10,7 +10,7 @@ import torch
 
 from omnistage.config.deploy import StageDeploy
 from omnistage.config.pipeline import StageSpec
-from omnistage.models.qwen3_tts.decoder_stage import create_engine
+from omnistage.families.qwen3_tts.decoder_stage import create_engine
 from omnistage.stages.base import EngineContext, StageRequest
 from tests.qwen3_tts.reference_outputs import reference_codes, reference_waveforms, tiny_dir
 from tests.qwen3_tts.test_talker import reference_requests

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from omnistage.models.qwen3_tts.prompt import talker_prompt
+from omnistage.families.qwen3_tts.prompt import talker_prompt
 from omnistage.stages.base import StageRequest
 from tests.ar.ar_helpers import run
 from tests.qwen3_tts.reference_outputs import reference_icl, tiny_dir

@@ -10,13 +10,13 @@ import torch
 from transformers import AutoTokenizer
 
 from omnistage import Omni
-from omnistage.config.resolve import resolve_pipeline
+from omnistage.families.resolve import resolve_pipeline
 from tests.qwen3_tts.reference_outputs import reference_clone, reference_codes, reference_waveforms, tiny_dir
 from tests.qwen3_tts.test_talker import MAX_NEW, talker_params
 
 pytestmark = pytest.mark.engine
 
-INLINE = "omnistage/pipelines/deploy/qwen3_tts_inline.yaml"
+INLINE = "omnistage/families/qwen3_tts/qwen3_tts_inline.yaml"
 FIRST = "initial_codec_chunk_frames"
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from omnistage.demo.cache import cache_root
+from omnistage.cache import cache_root
 from tests.qwen3_tts import tiny_checkpoint
 from tests.qwen3_tts.reference_outputs import (
     STORE,

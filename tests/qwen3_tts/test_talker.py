@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from omnistage.errors import InvalidRequestError
-from omnistage.models.qwen3_tts.prompt import talker_prompt
+from omnistage.families.qwen3_tts.prompt import talker_prompt
 from omnistage.params import SamplingParams
 from omnistage.stages.base import StageRequest
 from tests.ar.ar_helpers import make_engine, run
@@ -21,8 +21,8 @@ IM_START, IM_END, ASSISTANT, USER, NL = 151644, 151645, 77091, 872, 198
 EOS, CODEBOOK = 2150, 2048
 MAX_NEW = 24  # the reference's max_new_tokens: at most 23 frames
 TALKER = {
-    "model_loader": "omnistage.models.qwen3_tts.talker:load_talker",
-    "post_sample_hook": "omnistage.models.qwen3_tts.talker:predict_codes",
+    "model_loader": "omnistage.families.qwen3_tts.talker:load_talker",
+    "post_sample_hook": "omnistage.families.qwen3_tts.talker:predict_codes",
 }
 
 

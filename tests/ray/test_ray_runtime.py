@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from omnistage import AsyncOmni, SamplingParams
-from omnistage.demo.llm import tiny_llm_dir
-from omnistage.demo.qwen2_5_omni import qwen2_5_omni_dir
 from omnistage.errors import StageDeadError, StageError, StartupTimeoutError
+from omnistage.families.llm.tiny import tiny_llm_dir
+from omnistage.families.qwen2_5_omni.tiny import qwen2_5_omni_dir
 from omnistage.serving.app import create_app
 from tests.omni.conftest import PROMPTS as OMNI_PROMPTS
 from tests.omni.conftest import greedy_params as omni_params

@@ -70,7 +70,7 @@ def test_a_pause_reports_the_turn_end_it_would_have_and_speech_that_resumes_canc
     """Two spoken sentences (hibari) 0.2 s apart, then silence: the gap is a pause the speech resumes after;
     the last pause is the turn's end, at the same position the stop then reports, well before the silence
     wait is over, so the audio a session transcribes at the pause is exactly the turn's."""
-    from omnistage.models.hibari.voice import load_hibari
+    from omnistage.families.hibari.voice import load_hibari
 
     tts = load_hibari()
     spoken = [np.asarray(tts(text, seed=0), np.float32) for text in ("Open the door.", "Close the window.")]

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from omnistage import AsyncOmni
-from omnistage.demo.llm import tiny_llm_dir
 from omnistage.errors import StartupTimeoutError
+from omnistage.families.llm.tiny import tiny_llm_dir
 from tests.polling import wait_until
 from tests.reliability.leftovers import MARK_VARIABLE, new_mark, processes_marked, segments_of
 from tests.reliability.stuck_loader import LOCK_VARIABLE

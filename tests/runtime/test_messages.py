@@ -83,7 +83,7 @@ def test_a_message_whose_payload_is_gone_names_its_request_and_the_next_is_serve
     alone), then the next message as usual (a real ZMQ socket pair and real shared memory)."""
     import zmq
 
-    from omnistage.stages.worker import PayloadGone, _SocketInbox
+    from omnistage.runtime.stage_process import PayloadGone, _SocketInbox
 
     context = zmq.Context()
     pull, push = context.socket(zmq.PULL), context.socket(zmq.PUSH)

@@ -19,9 +19,9 @@ from omnistage.params import GenerationParams
 from omnistage.runtime import stage_board
 from omnistage.runtime.messages import StartRequest
 from omnistage.runtime.stage_board import HOLD_S, BoardSeat, StageBoard
+from omnistage.runtime.stage_process import StageWorker
 from omnistage.stages.base import StageRequest
 from omnistage.stages.generation.engine import GenerationEngine
-from omnistage.stages.worker import StageWorker
 from tests.runtime.toy_stages import ToyVocoder, speech_pipeline
 
 VOCODER = StageSpec(0, "voc", StageKind.GENERATION, final_output=True, output_modality="audio")

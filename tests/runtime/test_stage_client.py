@@ -21,8 +21,8 @@ from omnistage.runtime.messages import (
     ToWorker,
 )
 from omnistage.runtime.stage_client import ProcessStageClient, QueueInbox
+from omnistage.runtime.stage_process import serve_stage
 from omnistage.stages.generation.engine import GenerationEngine
-from omnistage.stages.worker import serve_stage
 from tests.runtime.toy_stages import ToyVocoder, speech_pipeline
 
 pytestmark = pytest.mark.unit

@@ -6,7 +6,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from omnistage.demo.llm import tiny_llm_dir
+from omnistage.families.llm.tiny import tiny_llm_dir
 from omnistage.params import SamplingParams
 from tests.serving.server_process import ServerProcess
 

@@ -14,7 +14,7 @@ from omnistage.params import GenerationParams, SamplingParams
 from tests.serving.server_process import ServerProcess
 
 pytestmark = pytest.mark.e2e
-DEPLOY = "omnistage/pipelines/deploy/qwen2_5_omni_inline.yaml"  # one process: three stage threads
+DEPLOY = "omnistage/families/qwen2_5_omni/qwen2_5_omni_inline.yaml"  # one process: three stage threads
 TEXT = "Hello there"
 MESSAGES = [{"role": "user", "content": TEXT}]
 VOICE = "Ethan"
@@ -29,7 +29,7 @@ STAGE_PARAMS = [
 
 @pytest.fixture(scope="module")
 def omni_dir():
-    from omnistage.demo.qwen2_5_omni import qwen2_5_omni_dir
+    from omnistage.families.qwen2_5_omni.tiny import qwen2_5_omni_dir
 
     return qwen2_5_omni_dir("tiny")
 

@@ -8,8 +8,8 @@ from omnistage.config.capabilities import Limits
 from omnistage.config.deploy import resolve_deploy
 from omnistage.config.pipeline import PipelineSpec, StageSpec
 from omnistage.errors import InvalidRequestError
+from omnistage.families.qwen2_5_omni.pipeline import QWEN2_5_OMNI, TALKER_DEFAULTS
 from omnistage.params import DiffusionParams, SamplingParams
-from omnistage.pipelines.qwen2_5_omni import QWEN2_5_OMNI, TALKER_DEFAULTS
 from omnistage.serving.served import ServedModel
 from omnistage.serving.stage_params import build_stage_params, diffusion_fields, diffusion_origins, parse_size
 

@@ -250,7 +250,7 @@ def video_pipeline(gate_dir: str | None = None) -> PipelineSpec:
 
 def diffusers_pipeline(name: str, modality: str) -> tuple[PipelineSpec, str]:
     """A real tiny diffusers checkpoint on the diffusion engine, as a one-stage user pipeline."""
-    from omnistage.demo.diffusion_models import tiny_pipeline_dir
+    from omnistage.families.diffusers.tiny import tiny_pipeline_dir
 
     stage = StageSpec(0, "dit", StageKind.DIFFUSION, final_output=True, output_modality=modality)
     return PipelineSpec(name=name, stages=(stage,)), str(tiny_pipeline_dir(name))

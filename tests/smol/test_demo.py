@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from omnistage.config.gguf import converted_dir
-from omnistage.config.resolve import resolve_pipeline
 from omnistage.demo import demo_model_dirs
+from omnistage.families.llm.gguf import converted_dir
+from omnistage.families.resolve import resolve_pipeline
 
 pytestmark = pytest.mark.unit
 

@@ -13,16 +13,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from omnistage.config.gguf import find_gguf, served_name
-from omnistage.config.resolve import resolve_pipeline
-from omnistage.demo.llm import TINY_VOCAB
-from omnistage.demo.tiny_gguf import LAYER_TENSORS, tiny_gguf_file
-from omnistage.demo.tokenizer import build_tokenizer
 from omnistage.errors import ConfigError
+from omnistage.families.llm.gguf import find_gguf, served_name
+from omnistage.families.llm.tiny import TINY_VOCAB
+from omnistage.families.llm.tiny_gguf import LAYER_TENSORS, tiny_gguf_file
+from omnistage.families.resolve import resolve_pipeline
+from omnistage.families.shared.tokenizer import build_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 CONVERT = (
-    "import sys; from pathlib import Path; from omnistage.config.gguf import converted_dir; "
+    "import sys; from pathlib import Path; from omnistage.families.llm.gguf import converted_dir; "
     "print(converted_dir(Path(sys.argv[1])))"
 )
 

@@ -23,7 +23,7 @@ NAME = "tiny-stable-audio"
 
 @pytest.fixture(scope="module")
 def audio_dir():
-    from omnistage.demo.diffusion_models import tiny_pipeline_dir
+    from omnistage.families.diffusers.tiny import tiny_pipeline_dir
 
     return tiny_pipeline_dir(NAME)
 

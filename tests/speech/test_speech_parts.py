@@ -124,9 +124,9 @@ def test_qwen2_5_omni_lists_its_checkpoints_speakers(tmp_path):
     """The per-checkpoint seam: the family names `voices_of`, serving calls it with the model dir."""
     from types import SimpleNamespace
 
-    from omnistage.demo.qwen2_5_omni import qwen2_5_omni_dir
-    from omnistage.models.qwen2_5_omni.loaders import load_speakers
-    from omnistage.pipelines.qwen2_5_omni import QWEN2_5_OMNI
+    from omnistage.families.qwen2_5_omni.loaders import load_speakers
+    from omnistage.families.qwen2_5_omni.pipeline import QWEN2_5_OMNI
+    from omnistage.families.qwen2_5_omni.tiny import qwen2_5_omni_dir
     from omnistage.serving.served import ServedModel, ServedModels
     from omnistage.serving.voices import Voices
 

@@ -46,8 +46,8 @@ def int16(samples: np.ndarray) -> np.ndarray:
 
 def phonemes_read(text: str) -> int:
     """The phoneme ids (with hibari's two pads a unit) the voice reads for `text`."""
-    from omnistage.models.hibari.units import speech_units
-    from omnistage.models.hibari.voice import load_hibari
+    from omnistage.families.hibari.units import speech_units
+    from omnistage.families.hibari.voice import load_hibari
 
     tts = load_hibari()
     units, _ = speech_units(text, final=True, first=True)

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from omnistage.bench.datasets import SPOKEN_SENTENCES
-from omnistage.demo.cache import cached_dir
+from omnistage.cache import cached_dir
 from omnistage.demo.whisper import tiny_en_ct2_dir
 
 RATE = 16000
@@ -27,7 +27,7 @@ def _build_random(path: Path) -> None:
         WhisperTokenizerFast,
     )
 
-    from omnistage.models.whisper.ct2 import generation_config
+    from omnistage.families.whisper.ct2 import generation_config
 
     src = tiny_en_ct2_dir()
     ct2 = json.loads((src / "config.json").read_text())
@@ -67,7 +67,7 @@ def random_whisper_dir() -> Path:
 @functools.cache
 def clip(index: int) -> np.ndarray:
     """SENTENCES[index] spoken by hibari, at 16 kHz."""
-    from omnistage.models.hibari.voice import SAMPLE_RATE
+    from omnistage.families.hibari.voice import SAMPLE_RATE
     from omnistage.serving.media import resample
 
     audio = np.asarray(_hibari()(SENTENCES[index], seed=0), dtype=np.float32).reshape(-1)
@@ -76,7 +76,7 @@ def clip(index: int) -> np.ndarray:
 
 @functools.cache
 def _hibari():
-    from omnistage.models.hibari.voice import load_hibari
+    from omnistage.families.hibari.voice import load_hibari
 
     return load_hibari()
 

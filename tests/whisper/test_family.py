@@ -11,15 +11,15 @@ import torch
 from omnistage import Omni, SamplingParams
 from omnistage.config.deploy import StageDeploy
 from omnistage.demo.whisper import whisper_dir
-from omnistage.models.whisper.encoder import WhisperEncoderGenerator, as_segments
-from omnistage.pipelines.whisper import WHISPER_EN, transcription_prompt
+from omnistage.families.whisper.encoder import WhisperEncoderGenerator, as_segments
+from omnistage.families.whisper.pipeline import WHISPER_EN, transcription_prompt
 from omnistage.stages.ar.engine import AREngine
 from omnistage.stages.base import EngineContext, StageRequest
 from tests.asr import word_errors
 from tests.whisper.helpers import RATE, SENTENCES, Reference, clip, random_whisper_dir
 
 pytestmark = pytest.mark.engine
-INLINE = "omnistage/pipelines/deploy/whisper_inline.yaml"
+INLINE = "omnistage/families/whisper/whisper_inline.yaml"
 MAX_NEW = 12
 
 

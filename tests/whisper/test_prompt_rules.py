@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from omnistage.errors import InvalidRequestError
-from omnistage.models.whisper.decoding import MAX_PROMPT_TOKENS, SuppressTokens, decoder_prompt
+from omnistage.families.whisper.decoding import MAX_PROMPT_TOKENS, SuppressTokens, decoder_prompt
 from omnistage.stages.ar.cross_attention import encoder_states
 
 pytestmark = pytest.mark.unit

@@ -213,7 +213,7 @@ def _gather_rows(out: torch.Tensor | None, rows: list[int], dtype: torch.dtype) 
 def _worker_main(rank: int, world: int, port: int, model_dir: str, dtype: str, mode: str, args: dict) -> None:
     """Ranks 1..N-1 (`python -m omnistage.stages.diffusion.parallel '<json>'`): load the transformer(s),
     join the group, execute forwards until told to stop (or until rank 0's process is gone)."""
-    from omnistage.stages.worker import watch_parent
+    from omnistage.processes import watch_parent
 
     watch_parent()
     if args.get("num_threads"):

@@ -1,0 +1,82 @@
+"""Any diffusers pipeline directory (`model_index.json`) served as a one-stage DIFFUSION pipeline.
+
+The stage's output modality follows the pipeline class: "video" for video pipelines (Wan, LTX, CogVideoX...),
+"audio" for audio pipelines (Stable Audio, AudioLDM...), "image" otherwise. Families that need more than one
+stage (an AR model feeding a DiT) register their own pipeline and win over this fallback.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from omnistage.config.capabilities import Capabilities, Limits
+from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
+from omnistage.stages.diffusion.modality import pipeline_modality
+
+HERE = Path(__file__).parent
+FAMILY = f"{__package__}:register"  # omnistage/families/registry.py
+
+if TYPE_CHECKING:
+    from omnistage.families.resolve import ModelInfo
+
+DEPLOY = str(HERE / "diffusers_generic.yaml")
+
+
+def diffusers_pipeline(class_name: str, path: Path | None = None) -> PipelineSpec:
+    """The one-stage pipeline for a diffusers pipeline class (the checkpoint at `path` sets limits)."""
+    modality = pipeline_modality(class_name)
+    stage = StageSpec(
+        stage_id=0, name="dit", kind=StageKind.DIFFUSION, final_output=True, output_modality=modality
+    )
+    route = {"image": ("images",), "video": ("videos",), "audio": ("speech", "audio_generate")}.get(modality)
+    routes = ("chat", *route) if route else ("chat",)
+    length_arg = _audio_length_arg(class_name) if modality == "audio" else None
+    seconds = _max_audio_seconds(path) if length_arg and path else None
+    capabilities = Capabilities(
+        routes=routes,
+        prompt="text",
+        fields={"diffusion": (0,)},
+        limits=Limits(max_output_audio_seconds=seconds),
+        audio_length_arg=length_arg,
+    )
+    name = f"diffusers-{class_name}"
+    return PipelineSpec(
+        name=name,
+        stages=(stage,),
+        diffusers_classes=(class_name,),
+        default_deploy=DEPLOY,
+        family=FAMILY,
+        capabilities=capabilities,
+    )
+
+
+def _audio_length_arg(class_name: str) -> str | None:
+    """The call argument of an audio pipeline that sets the clip's length in seconds, if it has one."""
+    import inspect
+
+    import diffusers
+
+    cls = getattr(diffusers, class_name, None)
+    if cls is None:
+        return None
+    names = inspect.signature(cls.__call__).parameters
+    return next((a for a in ("audio_end_in_s", "audio_length_in_s") if a in names), None)
+
+
+def _max_audio_seconds(path: Path) -> float | None:
+    """The longest clip of a latent-audio pipeline (Stable Audio): the DiT's sample size in latent frames,
+    times the VAE's hop in samples, over its sample rate; None where the checkpoint does not say."""
+    try:
+        transformer = json.loads((path / "transformer" / "config.json").read_text())
+        vae = json.loads((path / "vae" / "config.json").read_text())
+        frames, rate = transformer["sample_size"], vae["sampling_rate"]
+        return frames * math.prod(vae["downsampling_ratios"]) / rate
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+
+
+def resolve(info: ModelInfo) -> PipelineSpec | None:
+    return diffusers_pipeline(info.diffusers_class, info.path) if info.diffusers_class else None

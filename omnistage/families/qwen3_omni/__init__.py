@@ -1,0 +1,13 @@
+"""Qwen3-Omni: MoE thinker (AR) → MoE talker + code predictor (AR) → code2wav (generation)."""
+
+from __future__ import annotations
+
+
+def register() -> None:
+    """Its pipelines and resolvers, and its entries in the engines' registries (families/registry.py)."""
+    from omnistage.families import registry
+    from omnistage.families.qwen3_omni import pipeline
+
+    registry.add(pipeline.QWEN3_OMNI)
+    registry.add(pipeline.QWEN3_OMNI_THINKER_ONLY)
+    registry.add_resolver("qwen3_omni", pipeline.resolve)

@@ -1,1 +1,0 @@
-"""Qwen3-Omni: MoE thinker → talker + code predictor → code2wav."""

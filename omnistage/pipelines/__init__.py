@@ -1,1 +1,0 @@
-"""Model families: one module each, registering its pipeline topology and input processors."""
