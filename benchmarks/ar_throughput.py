@@ -120,7 +120,7 @@ class TorchOpsRun(OmnistageRun):
     kernels give, measured in the same rounds as everything else."""
 
     def __init__(self, model_dir: str, prompts: list[list[int]], output_len: int, dtype: str):
-        from omnistage.stages.ar import native
+        from omnistage.stages.ar.cpu import native
 
         os.environ[native.SWITCH] = "0"  # read once, at this process's first engine build
         super().__init__(model_dir, prompts, output_len, dtype)

@@ -16,7 +16,7 @@ import torch
 from omnistage.families.qwen3_omni.checkpoint import qwen3_omni_dir
 from omnistage.families.qwen3_omni.loaders import load_talker
 from omnistage.families.qwen3_tts.talker import residual_codes
-from omnistage.stages.ar.packed_linear import pack_linears, packing_available
+from omnistage.stages.ar.cpu.packed_linear import pack_linears, packing_available
 
 
 def main() -> None:

@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from omnistage import media  # noqa: E402
 from omnistage.config.deploy import StageDeploy  # noqa: E402
+from omnistage.families import registry  # noqa: E402
 from omnistage.families.diffusers.tiny import wan_bench_dir  # noqa: E402
 from omnistage.params import DiffusionParams  # noqa: E402
 from omnistage.stages.base import StageRequest  # noqa: E402
@@ -177,6 +178,7 @@ def summarize(name: str, results: dict[str, dict], jobs: list[dict], ids: list[s
 
 
 def make_engine(model: str, threads: int, max_num_seqs: int, **engine_args) -> DiffusionEngine:
+    registry.load()  # the step adapters and the rest the families register, as a stage process does
     deploy = StageDeploy(stage_id=0, max_num_seqs=max_num_seqs, dtype="float32", num_threads=threads)
     return DiffusionEngine(model, deploy, engine_args=engine_args)
 

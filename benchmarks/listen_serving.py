@@ -27,7 +27,8 @@ from local_server import start_server, stop
 from omnistage.bench.datasets import SPOKEN_SENTENCES
 from omnistage.bench.wer import corpus_wer
 from omnistage.demo.whisper import NAME, tiny_en_ct2_dir, whisper_dir
-from omnistage.serving.media import encode_audio, resample
+from omnistage.media import resample
+from omnistage.serving.media import encode_audio
 
 RATE = 16000
 CONCURRENCY = (1, 8)

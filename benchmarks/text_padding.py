@@ -1,5 +1,5 @@
 """Collapsed prompt padding: one Wan transformer forward with diffusers' own cross-attention against the
-same forward with omnistage's `PaddedPromptProcessor` (omnistage/stages/diffusion/text_padding.py).
+same forward with omnistage's `PaddedPromptProcessor` (omnistage/families/wan/text_padding.py).
 
 Wan pipelines pad each prompt's embeddings to `max_sequence_length` rows; diffusers attends to all of them in
 every block, omnistage to each prompt's rows plus one bias-weighted copy of its padding. The baseline is the
@@ -38,7 +38,10 @@ def main() -> None:
 
     from omnistage.demo.evaluate import held_out_scenes
     from omnistage.demo.model import demo_model_dir
+    from omnistage.families import wan
     from omnistage.stages.diffusion import text_padding
+
+    wan.register()  # the padding processor for Wan's cross-attention
 
     model = args.model or str(demo_model_dir())
     pipe = DiffusionPipeline.from_pretrained(model, dtype=torch.float32, local_files_only=True)

@@ -28,6 +28,7 @@ from omnistage.outputs import OmniRequestOutput
 from omnistage.params import apply_constraints, layer_params, params_class
 from omnistage.runtime.orchestrator import Orchestrator
 from omnistage.runtime.request_state import RequestState
+from omnistage.stages.engine_args import check_engine_args
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +129,8 @@ class _OmniBase:
         if startup_timeout is not None:  # every stage's deadline, as the --startup-timeout-s flag sets it
             cli_flags["startup_timeout_s"] = startup_timeout
         self.deploy = resolve_deploy(self.pipeline, deploy_config, cli_flags, stage_overrides)
+        for spec in self.pipeline.stages:  # typed, and every function they name loads: before any start
+            check_engine_args(spec, self.deploy.stage(spec.stage_id).engine_args)
         self.max_queued_requests = max_queued_requests
         self.resolver = StageParamsResolver(self.pipeline, self.deploy)
         self._inflight = 0

@@ -54,6 +54,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return AreaScheduling(config, log)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def families_registered() -> None:
+    """Every family's registrations (layer forms, step adapters, ...), as `Omni` and each stage process make
+    them: for the tests that build engines and models in this process directly."""
+    from omnistage.families import registry
+
+    registry.load()
+
+
 @pytest.fixture(scope="session")
 def voices_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("voices")

@@ -154,8 +154,8 @@ def _audio_files(path: Path, output_len: int | None) -> list[BenchRequest]:
 
 def realtime_pcm(data: bytes) -> bytes:
     """An encoded clip (WAV, FLAC, ...) as the realtime API's PCM16 mono at 24 kHz."""
-    from omnistage.media import decode_audio
-    from omnistage.serving.media import pcm16, resample
+    from omnistage.media import decode_audio, resample
+    from omnistage.serving.media import pcm16
 
     samples, rate = decode_audio(data)
     mono = samples.mean(axis=0) if samples.ndim == 2 else samples

@@ -71,7 +71,19 @@ class Limits:
 
 # Speech request fields only some families read (vLLM-Omni's names): task type, voice cloning from an inline
 # clip, the first audio chunk's size.
-SPEECH_OPTIONS = ("task_type", "ref_audio", "ref_text", "x_vector_only_mode", "initial_codec_chunk_frames")
+@dataclasses.dataclass(frozen=True)
+class SpeechOption:
+    """A field of a speech request that a family declares and its stages read from the speech prompt:
+    its name, its type (any annotation msgspec converts to, bounds through `Annotated[..., msgspec.Meta]`)
+    and what it means. The speech routes check a request's value against the type (a 400 naming the field
+    otherwise), and refuse any option the model does not declare. `media`: the value names audio (a data
+    URL, or a local path the server's media policy allows) that the server reads; the prompt carries its
+    bytes."""
+
+    name: str
+    type: Any
+    description: str = ""
+    media: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,8 +113,8 @@ class Capabilities:
     voices_of: str | None = None
     # The pipeline call argument that takes the length in seconds of generated audio (text-to-audio).
     audio_length_arg: str | None = None
-    # The family options of a speech request (SPEECH_OPTIONS) the model reads from its speech prompt.
-    speech_options: tuple[str, ...] = ()
+    # The family's own fields of a speech request, typed, which its stages read from the speech prompt.
+    speech_options: tuple[SpeechOption, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "routes", tuple(self.routes))
@@ -110,9 +122,9 @@ class Capabilities:
         object.__setattr__(self, "fields", {k: tuple(v) for k, v in dict(self.fields).items()})
         object.__setattr__(self, "voice_aliases", dict(self.voice_aliases))
         object.__setattr__(self, "speech_options", tuple(self.speech_options))
-        bad = [o for o in self.speech_options if o not in SPEECH_OPTIONS]
+        bad = [o for o in self.speech_options if not isinstance(o, SpeechOption)]
         if bad:
-            raise ConfigError(f"capabilities: unknown speech option {bad[0]!r} (options: {SPEECH_OPTIONS})")
+            raise ConfigError(f"capabilities: speech option {bad[0]!r} is not a SpeechOption")
         bad = [r for r in self.routes if r not in ROUTES]
         if bad:
             raise ConfigError(f"capabilities: unknown route {bad[0]!r} (routes: {', '.join(ROUTES)})")
@@ -126,6 +138,9 @@ class Capabilities:
             raise ConfigError(f"capabilities: voice alias {bad[0]!r} and its voice must both be in voices")
         if self.voices_of is not None and ":" not in self.voices_of:
             raise ConfigError(f"capabilities: voices_of must be 'module:function', got {self.voices_of!r}")
+
+    def speech_option(self, name: str) -> SpeechOption | None:
+        return next((o for o in self.speech_options if o.name == name), None)
 
     def serves(self, route: str) -> bool:
         return route in self.routes

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import json
 from pathlib import Path
 from typing import Any
@@ -116,9 +117,13 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 def _check_stage_keys(entry: dict[str, Any], where: str) -> None:
     unknown = sorted(set(entry) - STAGE_FIELDS)
     if unknown:
-        raise ConfigError(
-            f"unknown key {unknown[0]!r} in {where}; allowed keys: {', '.join(sorted(STAGE_FIELDS))}"
-        )
+        raise ConfigError(f"unknown key {unknown[0]!r} in {where}{_did_you_mean(unknown[0], STAGE_FIELDS)}")
+
+
+def _did_you_mean(key: str, known: set[str]) -> str:
+    close = difflib.get_close_matches(key, sorted(known), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{hint} (allowed keys: {', '.join(sorted(known))})"
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -140,9 +145,10 @@ def load_deploy_file(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str
         raise ConfigError(f"deploy config {path} includes itself through base_config")
     data = _read_yaml(path)
     where = str(path)
-    unknown = sorted(set(data) - TOP_FIELDS - (STAGE_FIELDS - {"stage_id"}))
+    allowed = TOP_FIELDS | (STAGE_FIELDS - {"stage_id"})
+    unknown = sorted(set(data) - allowed)
     if unknown:
-        raise ConfigError(f"unknown key {unknown[0]!r} in {where}")
+        raise ConfigError(f"unknown key {unknown[0]!r} in {where}{_did_you_mean(unknown[0], allowed)}")
     stages = data.get("stages") or []
     if not isinstance(stages, list):
         raise ConfigError(f"'stages' in {where} must be a list of stage entries")
@@ -150,7 +156,7 @@ def load_deploy_file(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str
     for i, entry in enumerate(stages):
         if not isinstance(entry, dict) or "stage_id" not in entry:
             raise ConfigError(f"stages[{i}] in {where} needs a stage_id")
-        _check_stage_keys(entry, f"stages[{i}] of {where}")
+        _check_stage_keys(entry, f"stages[{i}] (stage {entry['stage_id']}) of {where}")
         by_id[int(entry["stage_id"])] = entry
     flat = {k: v for k, v in data.items() if k not in ("stages", "base_config")}
     flat["stages"] = by_id

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import io
 import struct
-from fractions import Fraction
 from typing import Any
 
 import av
@@ -19,6 +18,7 @@ import soundfile as sf
 from PIL import Image
 
 from omnistage.errors import InvalidRequestError
+from omnistage.media import resample
 
 AUDIO_CONTENT_TYPES = {
     "wav": "audio/wav",
@@ -50,55 +50,6 @@ def as_mono_float32(audio: Any) -> np.ndarray:
         )
     samples = np.nan_to_num(samples)  # a copy: the engine's tensor is left as it was
     return np.clip(samples, -1.0, 1.0, out=samples)
-
-
-def _filter_audio(samples: np.ndarray, sample_rate: int, filters: list[tuple[str, str]]) -> np.ndarray:
-    """Run FFmpeg audio filters (resampling, tempo) over mono float samples."""
-    if samples.size == 0:
-        return samples
-    graph = av.filter.Graph()
-    nodes = [
-        graph.add_abuffer(
-            format="flt", layout="mono", sample_rate=sample_rate, time_base=Fraction(1, sample_rate)
-        )
-    ]
-    nodes += [graph.add(name, args) for name, args in filters]
-    nodes.append(graph.add("abuffersink"))
-    for src, dst in zip(nodes, nodes[1:], strict=False):
-        src.link_to(dst)
-    graph.configure()
-    frame = av.AudioFrame.from_ndarray(samples[None, :].astype(np.float32), format="flt", layout="mono")
-    frame.sample_rate, frame.pts, frame.time_base = sample_rate, 0, Fraction(1, sample_rate)
-    graph.push(frame)
-    graph.push(None)
-    out = []
-    while True:
-        try:
-            out.append(graph.pull().to_ndarray().reshape(-1))
-        except (av.BlockingIOError, av.EOFError):
-            break
-    return np.concatenate(out).astype(np.float32) if out else samples[:0]
-
-
-def resample(samples: np.ndarray, sample_rate: int, target_rate: int) -> np.ndarray:
-    if target_rate == sample_rate:
-        return samples
-    return _filter_audio(samples, sample_rate, [("aresample", str(target_rate))])
-
-
-def change_speed(samples: np.ndarray, sample_rate: int, speed: float) -> np.ndarray:
-    """Tempo change that keeps the pitch (FFmpeg atempo takes factors in [0.5, 2], so chain them)."""
-    if abs(speed - 1.0) < 1e-6:
-        return samples
-    factors = []
-    while speed > 2.0:
-        factors.append(2.0)
-        speed /= 2.0
-    while speed < 0.5:
-        factors.append(0.5)
-        speed /= 0.5
-    factors.append(speed)
-    return _filter_audio(samples, sample_rate, [("atempo", f"{f:.6f}") for f in factors])
 
 
 def pcm16(samples: np.ndarray) -> bytes:

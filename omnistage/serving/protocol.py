@@ -170,13 +170,12 @@ class SpeechFields(OpenAIModel):
     language: str | None = None
     max_new_tokens: int | None = Field(None, ge=1, le=TOKENS_MAX)
     stage_params: StageParamsList | None = None
-    # A family's own options (vLLM-Omni's names); a model takes those its capabilities list in
-    # `speech_options`, and any other one set is a 400 naming it.
-    task_type: Literal["CustomVoice", "VoiceDesign", "Base"] | None = None
-    ref_audio: str | None = None  # the voice to clone: a data URL, or a local path the server allows
-    ref_text: str | None = Field(None, max_length=INPUT_MAX)  # what ref_audio says
-    x_vector_only_mode: bool | None = None  # clone from the speaker embedding only (no in-context clip)
-    initial_codec_chunk_frames: int | None = Field(None, ge=0, le=TOKENS_MAX)  # the first audio chunk
+    # Any other field is a family's own option: a model takes those its capabilities declare, typed
+    # (`speech_options`), and any other one set is a 400 naming it (serving/speech_requests.py).
+
+    def options(self) -> dict[str, Any]:
+        """The fields set beyond the OpenAI ones: a family's options, as the client sent them."""
+        return {k: v for k, v in (self.model_extra or {}).items() if v is not None}
 
 
 class SpeechRequest(SpeechFields):

@@ -10,14 +10,16 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from omnistage.config.capabilities import SPEECH_OPTIONS
+import msgspec
+
 from omnistage.errors import InvalidRequestError, OmniError
+from omnistage.media import change_speed, resample
 from omnistage.outputs import OmniRequestOutput, TokenCounts
 from omnistage.serving.artifacts import audio_of, sample_rate_of
 from omnistage.serving.context import ServerContext
 from omnistage.serving.errors import SchemaError
 from omnistage.serving.generation import generate, last_output
-from omnistage.serving.media import change_speed, encode_audio, resample
+from omnistage.serving.media import encode_audio
 from omnistage.serving.protocol import SpeechRequest
 from omnistage.serving.served import ServedModel
 from omnistage.serving.stage_params import build_stage_params
@@ -52,9 +54,25 @@ def check_speech_options(body: SpeechRequest, model: ServedModel) -> None:
         )
     if speeds is None and body.streaming and body.speed != 1.0:
         raise SchemaError("speed: streaming requires speed 1.0", param="speed")
-    for option in SPEECH_OPTIONS:
-        if getattr(body, option) is not None and option not in model.capabilities.speech_options:
-            raise InvalidRequestError(f"{option}: model {model.name!r} does not take {option}", param=option)
+    family_options(body, model)
+
+
+def family_options(body: SpeechRequest, model: ServedModel) -> dict[str, Any]:
+    """The family options the request sets, each checked against the type the model declares for it; a
+    field the model does not declare is a 400 naming it."""
+    caps, values = model.capabilities, {}
+    for name, value in body.options().items():
+        option = caps.speech_option(name)
+        if option is None:
+            takes = ", ".join(o.name for o in caps.speech_options) or "none"
+            raise InvalidRequestError(
+                f"{name}: model {model.name!r} does not take {name} (its speech options: {takes})", param=name
+            )
+        try:
+            values[name] = msgspec.convert(value, option.type)
+        except msgspec.ValidationError as exc:
+            raise InvalidRequestError(f"{name}: {exc}", param=name) from None
+    return values
 
 
 async def speech_request(body: SpeechRequest, model: ServedModel, ctx: ServerContext) -> tuple[Any, list]:
@@ -79,9 +97,10 @@ async def speech_request(body: SpeechRequest, model: ServedModel, ctx: ServerCon
         prompt["uploaded_voice"] = {**reference, "ref_text": uploaded.ref_text}
     if caps.speed_range is not None:  # the model speaks at the asked speed itself
         prompt["speed"] = body.speed
-    prompt.update({o: getattr(body, o) for o in SPEECH_OPTIONS if getattr(body, o) is not None})
-    if body.ref_audio is not None:
-        prompt["ref_audio"], _ = await ctx.media.read(body.ref_audio, param="ref_audio")
+    for name, value in family_options(body, model).items():
+        if caps.speech_option(name).media:  # audio the server reads within its media policy, as bytes
+            value, _ = await ctx.media.read(value, param=name)
+        prompt[name] = value
     sampling = {**seed, **({"max_tokens": body.max_new_tokens} if body.max_new_tokens is not None else {})}
     params = build_stage_params(
         model,

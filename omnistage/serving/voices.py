@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from omnistage.errors import InvalidRequestError, NotFoundError
+from omnistage.media import voice_samples
 from omnistage.serving.protocol import VOICE_NAME_PATTERN
 from omnistage.serving.served import ServedModel, ServedModels
 
@@ -71,19 +72,6 @@ class UploadedVoice:
             path=path,
             ref_text=meta.get("ref_text"),
         )
-
-
-def voice_samples(path: str | Path) -> tuple[np.ndarray, int]:
-    """(samples, sample rate) of a voice file, what a stage that clones it reads: an uploaded voice in the
-    server's store (safetensors), or an audio file (WAV, FLAC, ...) the offline API names."""
-    if Path(path).suffix != ".safetensors":
-        from omnistage.media import decode_audio
-
-        return decode_audio(Path(path).read_bytes())
-    from safetensors import safe_open
-
-    with safe_open(str(path), "np") as handle:
-        return handle.get_tensor("audio"), int((handle.metadata() or {})["sample_rate"])
 
 
 class VoiceStore:

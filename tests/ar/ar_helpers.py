@@ -274,7 +274,7 @@ def use_pointwise(lean: Any, pointwise: str) -> None:
     ("native"; the test is skipped only where they cannot be built)."""
     import pytest
 
-    from omnistage.stages.ar import native
+    from omnistage.stages.ar.cpu import native
 
     if pointwise == "torch":
         lean.native_ops = None

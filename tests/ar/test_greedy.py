@@ -9,7 +9,7 @@ import random
 import pytest
 
 from omnistage.params import SamplingParams
-from omnistage.stages.ar import native
+from omnistage.stages.ar.cpu import native
 from omnistage.stages.base import StageRequest
 from tests.ar.ar_helpers import hf_greedy, make_engine, run
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from omnistage.params import SamplingParams
-from omnistage.stages.ar import native
-from omnistage.stages.ar.lean_decoder import LeanDecoder
+from omnistage.stages.ar.cpu import native
+from omnistage.stages.ar.cpu.lean_decoder import LeanDecoder
 from omnistage.stages.base import StageRequest
 from tests.ar.ar_helpers import hf_model, make_engine, run
 from tests.ar.test_greedy import workload

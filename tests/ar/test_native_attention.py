@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omnistage.stages.ar import native
 from omnistage.stages.ar.attention import build_metadata, paged_attention_forward
+from omnistage.stages.ar.cpu import native
 from omnistage.stages.ar.kv_cache import KVStorage
 
 pytestmark = pytest.mark.skipif(

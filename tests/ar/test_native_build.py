@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from omnistage.families.llm.tiny import tiny_llm_dir
-from omnistage.stages.ar import native
+from omnistage.stages.ar.cpu import native
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -89,7 +89,7 @@ def serve_once(tmp_path: Path, native_dir: Path) -> dict:
 @pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX512", reason="native kernels need AVX-512")
 def test_a_stage_loads_the_installs_build_and_never_compiles(tmp_path: Path) -> None:
     built = native.library_path()
-    assert built.is_file(), "set-up builds the kernels (python -m omnistage.stages.ar.native)"
+    assert built.is_file(), "set-up builds the kernels (python -m omnistage.stages.ar.cpu.native)"
     install = tmp_path / "install-build"
     install.mkdir()
     shutil.copy2(built, install / built.name)

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from omnistage.stages.ar import native
+from omnistage.stages.ar.cpu import native
 
 pytestmark = pytest.mark.skipif(
     torch.backends.cpu.get_cpu_capability() != "AVX512", reason="they need AVX-512; torch ops run instead"

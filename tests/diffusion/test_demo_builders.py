@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from omnistage.demo import tokenizer_builders as toks
+from omnistage.families.shared import tokenizer_builders as toks
 from tests.diffusion.helpers import model_dir
 
 pytestmark = pytest.mark.unit

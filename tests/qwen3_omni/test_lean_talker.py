@@ -1,16 +1,16 @@
-"""The Qwen3-Omni talker runs on the engine's lean decoder (stages/ar/lean_decoder.py), and so does its code
-predictor's frame, over a dense per-frame KV cache (stages/ar/dense_kv.py) instead of transformers'
+"""The Qwen3-Omni talker runs on the engine's lean decoder (stages/ar/cpu/lean_decoder.py), and so does its
+code predictor's frame, over a dense per-frame KV cache (stages/ar/cpu/dense_kv.py) instead of transformers'
 `DynamicCache`: every logit of a frame is the predictor's own forward's (bit for bit on torch ops, to float
 rounding through the native kernels), and so are its codes. test_stages.py checks the whole talker against
 the reference through the engine."""
 
 import pytest
 import torch
-from omnistage.models.qwen3_tts import talker as frames
 
 from omnistage.families.qwen3_omni.loaders import load_talker
-from omnistage.stages.ar.lean_decoder import LeanDecoder
-from omnistage.stages.ar.packed_linear import pack_linears, packing_available
+from omnistage.families.qwen3_tts import talker as frames
+from omnistage.stages.ar.cpu.lean_decoder import LeanDecoder
+from omnistage.stages.ar.cpu.packed_linear import pack_linears, packing_available
 from tests.ar.ar_helpers import use_pointwise
 
 pytestmark = pytest.mark.engine

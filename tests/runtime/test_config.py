@@ -97,8 +97,10 @@ stages:
 
 
 def test_unknown_keys_name_key_and_file(tmp_path):
+    """A misspelled key names itself, the stage, the file and the key meant."""
     bad = write(tmp_path / "bad.yaml", "stages:\n  - stage_id: 0\n    max_num_seq: 3\n")
-    with pytest.raises(ConfigError, match=r"unknown key 'max_num_seq' in stages\[0\] of .*bad.yaml"):
+    meant = r"unknown key 'max_num_seq' in stages\[0\] \(stage 0\) of .*bad.yaml; did you mean 'max_num_seqs'"
+    with pytest.raises(ConfigError, match=meant):
         resolve_deploy(speech_pipeline(), bad)
     top = write(tmp_path / "top.yaml", "stage_args: []\n")
     with pytest.raises(ConfigError, match=r"unknown key 'stage_args' in .*top.yaml"):

@@ -22,6 +22,7 @@ from torch import nn
 from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
 from omnistage.outputs import StageOutput
 from omnistage.stages.base import EngineContext, StageInputContext, StageRequest
+from omnistage.stages.engine_args import EngineArgs
 
 VOCAB = 64
 GATE = re.compile(r"HOLD:(\w+)")
@@ -226,8 +227,17 @@ def make_map(ctx: EngineContext) -> ToyMapEngine:
     return ToyMapEngine(ctx)
 
 
+class VocoderArgs(EngineArgs):
+    """The toy vocoder's own engine_args (an extension of the generation engine's, as a family's are)."""
+
+    outputs_per_frame: int = 12000
+
+
 def make_vocoder(ctx: EngineContext) -> ToyVocoder:
-    return ToyVocoder(int(ctx.engine_args.get("outputs_per_frame", 12000)))
+    return ToyVocoder(VocoderArgs.of(ctx.engine_args).outputs_per_frame)
+
+
+make_vocoder.engine_args = VocoderArgs
 
 
 def tokens_to_map_request(ctx: StageInputContext) -> StageRequest:

@@ -8,7 +8,7 @@ import pytest
 import soundfile as sf
 
 from omnistage.errors import InvalidRequestError
-from omnistage.media import encode_image, encode_video
+from omnistage.media import change_speed, encode_image, encode_video, resample
 from omnistage.serving import media
 
 pytestmark = pytest.mark.unit
@@ -62,13 +62,13 @@ def test_opus_at_an_unsupported_rate_is_resampled_to_48k():
 
 def test_resample_and_speed_keep_pitch_and_change_length():
     samples = tone(1.0)
-    up = media.resample(samples, RATE, 48000)
+    up = resample(samples, RATE, 48000)
     assert abs(len(up) - 48000) <= 64
     assert abs(dominant_frequency(up, 48000) - 440.0) < 3.0
-    fast = media.change_speed(samples, RATE, 2.0)
+    fast = change_speed(samples, RATE, 2.0)
     assert abs(len(fast) - RATE // 2) < 0.05 * RATE
     assert abs(dominant_frequency(fast, RATE) - 440.0) < 10.0  # tempo changes, pitch does not
-    slow = media.change_speed(samples, RATE, 0.25)  # below atempo's 0.5 floor: chained
+    slow = change_speed(samples, RATE, 0.25)  # below atempo's 0.5 floor: chained
     assert abs(len(slow) - 4 * RATE) < 0.1 * RATE
 
 

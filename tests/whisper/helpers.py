@@ -68,7 +68,7 @@ def random_whisper_dir() -> Path:
 def clip(index: int) -> np.ndarray:
     """SENTENCES[index] spoken by hibari, at 16 kHz."""
     from omnistage.families.hibari.voice import SAMPLE_RATE
-    from omnistage.serving.media import resample
+    from omnistage.media import resample
 
     audio = np.asarray(_hibari()(SENTENCES[index], seed=0), dtype=np.float32).reshape(-1)
     return resample(audio, SAMPLE_RATE, RATE).astype(np.float32)

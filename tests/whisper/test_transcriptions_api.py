@@ -48,7 +48,7 @@ def _wav(index: int = 0) -> bytes:
 
 def _container(samples: np.ndarray, fmt: str, codec: str, rate: int = 48000) -> bytes:
     """`samples` (16 kHz) encoded by FFmpeg through PyAV, at `rate`."""
-    from omnistage.serving.media import resample
+    from omnistage.media import resample
 
     data = resample(samples, RATE, rate).astype(np.float32)
     buf = io.BytesIO()

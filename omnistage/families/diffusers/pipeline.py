@@ -1,20 +1,24 @@
 """Any diffusers pipeline directory (`model_index.json`) served as a one-stage DIFFUSION pipeline.
 
-The stage's output modality follows the pipeline class: "video" for video pipelines (Wan, LTX, CogVideoX...),
-"audio" for audio pipelines (Stable Audio, AudioLDM...), "image" otherwise. Families that need more than one
-stage (an AR model feeding a DiT) register their own pipeline and win over this fallback.
+The stage's output modality follows the pipeline class (modality.py): "video" for video pipelines (Wan,
+LTX, CogVideoX...), "audio" for audio pipelines (Stable Audio, AudioLDM...), "image" otherwise; the engine
+learns it from the stage. Families that need more than one stage (an AR model feeding a DiT) register their
+own pipeline and win over this fallback. A family with entries in the diffusion engine's registries (step
+adapters, TeaCache rules, padding processors) serves its directories with this same one-stage pipeline
+under its own name (`family_resolver`), so a stage process serving one registers that family.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from omnistage.config.capabilities import Capabilities, Limits
 from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
-from omnistage.stages.diffusion.modality import pipeline_modality
+from omnistage.families.diffusers.modality import pipeline_modality
 
 HERE = Path(__file__).parent
 FAMILY = f"{__package__}:register"  # omnistage/families/registry.py
@@ -25,8 +29,9 @@ if TYPE_CHECKING:
 DEPLOY = str(HERE / "diffusers_generic.yaml")
 
 
-def diffusers_pipeline(class_name: str, path: Path | None = None) -> PipelineSpec:
-    """The one-stage pipeline for a diffusers pipeline class (the checkpoint at `path` sets limits)."""
+def diffusers_pipeline(class_name: str, path: Path | None = None, family: str = FAMILY) -> PipelineSpec:
+    """The one-stage pipeline for a diffusers pipeline class (the checkpoint at `path` sets limits); `family`
+    is the `register` its stage processes run (this package's, or that of the family that claims it)."""
     modality = pipeline_modality(class_name)
     stage = StageSpec(
         stage_id=0, name="dit", kind=StageKind.DIFFUSION, final_output=True, output_modality=modality
@@ -48,7 +53,7 @@ def diffusers_pipeline(class_name: str, path: Path | None = None) -> PipelineSpe
         stages=(stage,),
         diffusers_classes=(class_name,),
         default_deploy=DEPLOY,
-        family=FAMILY,
+        family=family,
         capabilities=capabilities,
     )
 
@@ -80,3 +85,27 @@ def _max_audio_seconds(path: Path) -> float | None:
 
 def resolve(info: ModelInfo) -> PipelineSpec | None:
     return diffusers_pipeline(info.diffusers_class, info.path) if info.diffusers_class else None
+
+
+def family_resolver(
+    family: str, pipelines: Collection[str] = (), transformers: Collection[str] = ()
+) -> Callable[[ModelInfo], PipelineSpec | None]:
+    """A resolver for the diffusers directories a family's registrations apply to: its pipeline classes (its
+    step adapters), or any pipeline with one of its transformer classes (its TeaCache rules and attention
+    processors serve every pipeline built on them). They get the one-stage pipeline named for `family`."""
+
+    def resolve_family(info: ModelInfo) -> PipelineSpec | None:
+        class_name = info.diffusers_class
+        if not class_name:
+            return None
+        if class_name in pipelines or _component_classes(info) & set(transformers):
+            return diffusers_pipeline(class_name, info.path, family=family)
+        return None
+
+    return resolve_family
+
+
+def _component_classes(info: ModelInfo) -> set[str]:
+    """The classes `model_index.json` names for its components (`"transformer": ["diffusers", "..."]`)."""
+    entries = (info.model_index or {}).values()
+    return {e[1] for e in entries if isinstance(e, list) and len(e) == 2 and isinstance(e[1], str)}

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from omnistage.cache import cached_dir
-from omnistage.demo import tokenizer_builders as toks
+from omnistage.families.shared import tokenizer_builders as toks
 
 VERSION = "1"
 # Wan VAE latent statistics: one entry per latent channel (z_dim), or the VAE refuses the latents.

@@ -18,13 +18,14 @@ import logging
 import os
 import re
 from collections.abc import Generator as Steps
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
 from omnistage.errors import ConfigError, InvalidRequestError
 from omnistage.families.hibari.synthesis import SYNTHESES, fast_noise, synthesize
+from omnistage.stages.engine_args import EngineArgs
 
 PACKAGE = "hibari-tts"
 PACKAGE_VERSION = "0.2.1"
@@ -157,16 +158,24 @@ def check_speed(speed: float, param: str = "speed") -> float:
     return speed
 
 
+class VoiceArgs(EngineArgs):
+    """The voice stage's `engine_args`."""
+
+    threads: int = 1  # onnxruntime threads of the voice's network
+    synthesis: Literal["library", "fast"] = "library"  # hibari's own DSP, or the faster equivalent
+    max_chunk_sentences: int = 1  # sentences spoken in one pass by a request that fell behind
+
+
 def create_engine(ctx: Any) -> Any:
     """The voice stage: one sentence per chunk, no context (sentences are spoken independently)."""
     from omnistage.stages.generation.engine import GenerationEngine
 
-    threads = int(ctx.engine_args.get("threads", 1))
-    voice = HibariVoice(load_hibari(threads), str(ctx.engine_args.get("synthesis", "library")))
+    args = VoiceArgs.of(ctx.engine_args)
+    voice = HibariVoice(load_hibari(args.threads), args.synthesis)
     voice.sentence_rows("Ready.")  # its G2P loads its lexicons on first use: now, not in a request
     return GenerationEngine(
-        voice,
-        max_num_seqs=ctx.deploy.max_num_seqs,
-        chunk_size=1,
-        max_chunk_size=int(ctx.engine_args.get("max_chunk_sentences", 1)),
+        voice, max_num_seqs=ctx.deploy.max_num_seqs, chunk_size=1, max_chunk_size=args.max_chunk_sentences
     )
+
+
+create_engine.args_type = VoiceArgs

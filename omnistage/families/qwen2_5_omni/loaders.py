@@ -22,7 +22,7 @@ from safetensors import safe_open
 from transformers import AutoConfig
 
 from omnistage.stages.ar.attention import ATTENTION_NAME
-from omnistage.stages.ar.lean_decoder import LeanDecoder, supports
+from omnistage.stages.ar.cpu.lean_decoder import LeanDecoder, supports
 from omnistage.stages.ar.loader import LoadedModel, eos_token_ids
 
 logger = logging.getLogger(__name__)

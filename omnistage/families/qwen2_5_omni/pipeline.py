@@ -36,7 +36,7 @@ HERE = Path(__file__).parent
 FAMILY = f"{__package__}:register"  # omnistage/families/registry.py
 
 # Model helpers are imported inside the processors: each stage process imports only what it runs.
-_MODELS = "omnistage.models.qwen2_5_omni"
+_MODELS = "omnistage.families.qwen2_5_omni"
 DEFAULT_SPEAKER = "Chelsie"
 # The reference's talker sampling (`generate(talker_do_sample=True, ...)` defaults).
 TALKER_DEFAULTS = {

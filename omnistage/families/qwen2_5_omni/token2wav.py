@@ -53,6 +53,7 @@ from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
 from omnistage.families.qwen2_5_omni.dit_velocity import DiTVelocity
 from omnistage.params import GenerationParams
 from omnistage.stages.base import EngineContext
+from omnistage.stages.engine_args import EngineArgs
 from omnistage.stages.generation.engine import GenerationEngine, run_to_end
 
 logger = logging.getLogger(__name__)
@@ -310,6 +311,20 @@ def _seed(params: Any) -> int:
     return int(seed)
 
 
+class Token2WavArgs(EngineArgs):
+    """The code2wav stage's `engine_args` (create_engine says what each does)."""
+
+    chunk_blocks: int = 2
+    max_chunk_blocks: int = 8
+    first_chunk_blocks: int = 1
+    left_blocks: int = 3
+    right_blocks: int = 2
+    first_right_blocks: int = 1
+    num_steps: int | None = None
+    guidance_scale: float | None = None
+    sway_coefficient: float | None = None
+
+
 def create_engine(ctx: EngineContext) -> GenerationEngine:
     """The code2wav stage: transformers' token2wav behind the generation engine.
 
@@ -323,9 +338,13 @@ def create_engine(ctx: EngineContext) -> GenerationEngine:
     """
     from omnistage.families.qwen2_5_omni.loaders import load_token2wav
 
-    args = ctx.engine_args
+    args = Token2WavArgs.of(ctx.engine_args)
     model, speakers = load_token2wav(ctx.model_dir, ctx.device)
-    solver = {k: args[k] for k in ("num_steps", "guidance_scale", "sway_coefficient") if k in args}
+    solver = {
+        k: getattr(args, k)
+        for k in ("num_steps", "guidance_scale", "sway_coefficient")
+        if getattr(args, k) is not None
+    }
     generator = Token2WavGenerator(model, speakers, SolverSettings(**solver), _stop_codes(ctx.model_dir))
     if ctx.deploy.async_chunk is False:
         return GenerationEngine(generator, max_num_seqs=ctx.deploy.max_num_seqs)
@@ -334,13 +353,16 @@ def create_engine(ctx: EngineContext) -> GenerationEngine:
     return GenerationEngine(
         generator,
         max_num_seqs=ctx.deploy.max_num_seqs,
-        chunk_size=int(args.get("chunk_blocks", 2)) * per_block,
-        max_chunk_size=int(args.get("max_chunk_blocks", 8)) * per_block,
-        first_chunk_size=int(args.get("first_chunk_blocks", 1)) * per_block,
-        left_context=int(args.get("left_blocks", 3)) * per_block,
-        right_context=int(args.get("right_blocks", 2)) * per_block + lookahead,
-        first_right_context=int(args.get("first_right_blocks", 1)) * per_block + lookahead,
+        chunk_size=args.chunk_blocks * per_block,
+        max_chunk_size=args.max_chunk_blocks * per_block,
+        first_chunk_size=args.first_chunk_blocks * per_block,
+        left_context=args.left_blocks * per_block,
+        right_context=args.right_blocks * per_block + lookahead,
+        first_right_context=args.first_right_blocks * per_block + lookahead,
     )
+
+
+create_engine.args_type = Token2WavArgs
 
 
 def _stop_codes(model_dir: str) -> list[int]:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from omnistage.families.qwen3_omni.loaders import load_code2wav
-from omnistage.families.qwen3_tts.decoder_stage import codec_engine
+from omnistage.families.qwen3_tts.decoder_stage import CodecArgs, codec_engine
 from omnistage.stages.base import EngineContext
 from omnistage.stages.generation.engine import GenerationEngine
 
@@ -73,3 +73,6 @@ def create_engine(ctx: EngineContext) -> GenerationEngine:
     code2wav = load_code2wav(ctx.model_dir, ctx.device)
     generator = Code2WavGenerator(code2wav, one_pass=ctx.deploy.async_chunk is False)
     return codec_engine(ctx, generator, context_frames(code2wav))
+
+
+create_engine.args_type = CodecArgs

@@ -28,12 +28,28 @@ from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
 from omnistage.families.resolve import ModelInfo
 from omnistage.outputs import StageOutput
 from omnistage.params import SamplingParams
+from omnistage.stages.ar.cpu.layer_forms import LayerForm
 from omnistage.stages.base import StageInputContext, StageRequest
 
 HERE = Path(__file__).parent
+# The lean decoder's forms of the talker (multimodal rotary from the model's own rotary_emb; the final norm is
+# of the second class, with the same sums) and of its code predictor.
+LAYER_FORMS = (
+    LayerForm(
+        "Qwen3OmniMoeTalkerDecoderLayer",
+        "Qwen3OmniMoeThinkerTextAttention",
+        ("Qwen3OmniMoeThinkerTextRMSNorm", "Qwen3OmniMoeTextRMSNorm"),
+        "Qwen3OmniMoeTalkerTextSparseMoeBlock",
+    ),
+    LayerForm(
+        "Qwen3OmniMoeTalkerCodePredictorDecoderLayer",
+        "Qwen3OmniMoeTalkerCodePredictorAttention",
+        ("Qwen3OmniMoeRMSNorm",),
+    ),
+)
 FAMILY = f"{__package__}:register"  # omnistage/families/registry.py
 
-_MODELS = "omnistage.models.qwen3_omni"
+_MODELS = "omnistage.families.qwen3_omni"
 ARCHITECTURE = "Qwen3OmniMoeForConditionalGeneration"
 CODEC_EOS = 2150
 # The reference's talker sampling (`generate(talker_do_sample=True, ...)` defaults); its suppressed ids

@@ -16,20 +16,39 @@ A request that does not fit the checkpoint's task answers 400 naming the task th
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import msgspec
 import torch
 
-from omnistage.config.capabilities import SPEECH_OPTIONS, Capabilities
+from omnistage.config.capabilities import Capabilities, SpeechOption
 from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
 from omnistage.errors import InvalidRequestError
 from omnistage.outputs import StageOutput, TokenCounts
 from omnistage.stages.base import StageInputContext, StageRequest
 
 HERE = Path(__file__).parent
+# A speech request's Qwen3-TTS fields (vLLM-Omni's names), typed: the speech routes check them, and the
+# talker's input processor reads them from the speech prompt.
+SPEECH_OPTIONS = (
+    SpeechOption("task_type", Literal["CustomVoice", "VoiceDesign", "Base"], "the checkpoint's task"),
+    SpeechOption(
+        "ref_audio",
+        str,
+        "the voice to clone: a data URL, or a local path the server allows",
+        media=True,
+    ),
+    SpeechOption("ref_text", Annotated[str, msgspec.Meta(max_length=4096)], "what ref_audio says"),
+    SpeechOption("x_vector_only_mode", bool, "clone from the speaker embedding only (no in-context clip)"),
+    SpeechOption(
+        "initial_codec_chunk_frames",
+        Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)],
+        "codec frames in the first audio chunk",
+    ),
+)
 FAMILY = f"{__package__}:register"  # omnistage/families/registry.py
 
-_MODELS = "omnistage.models.qwen3_tts"
+_MODELS = "omnistage.families.qwen3_tts"
 ARCHITECTURE = "Qwen3TTSForConditionalGeneration"
 TASKS = {"custom_voice": "CustomVoice", "voice_design": "VoiceDesign", "base": "Base"}
 CODEC_EOS, CODEBOOK = 2150, 2048
@@ -169,8 +188,7 @@ def _voice_entry(owner: object, voice: dict) -> dict:
     import numpy as np
 
     from omnistage.families.qwen3_tts.speaker import SAMPLE_RATE
-    from omnistage.media import decode_audio
-    from omnistage.serving.voices import voice_samples
+    from omnistage.media import decode_audio, resample, voice_samples
 
     cache = owner.__dict__.setdefault("voice_features", {})
     if "data" in voice:  # a request's own clip: keyed by its content
@@ -186,8 +204,6 @@ def _voice_entry(owner: object, voice: dict) -> dict:
             raise InvalidRequestError(message, param="ref_audio") from None
         samples = samples.mean(axis=0) if samples.ndim == 2 else samples
         if rate != SAMPLE_RATE:
-            from omnistage.serving.media import resample
-
             samples = resample(samples, rate, SAMPLE_RATE)
         cache[key] = {"clip": torch.from_numpy(np.asarray(samples, dtype=np.float32))}
     return cache[key]
@@ -297,6 +313,6 @@ QWEN3_TTS = PipelineSpec(
         fields={"sampling": (0,), "generation": (1,)},
         voices_of="omnistage.families.qwen3_tts.pipeline:checkpoint_speakers",
         clones_voices=True,
-        speech_options=SPEECH_OPTIONS,
+        speech_options=SPEECH_OPTIONS,  # the speech route checks them against these types
     ),
 )

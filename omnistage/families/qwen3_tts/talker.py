@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from omnistage.stages.ar.attention import ATTENTION_NAME
-from omnistage.stages.ar.dense_kv import DENSE_KV_KWARG, DenseKV, dense_attention_forward
-from omnistage.stages.ar.lean_decoder import LeanDecoder, supports
+from omnistage.stages.ar.cpu.dense_kv import DENSE_KV_KWARG, DenseKV, dense_attention_forward
+from omnistage.stages.ar.cpu.lean_decoder import LeanDecoder, supports
 from omnistage.stages.ar.loader import LoadedModel, load_tokenizer
 from omnistage.stages.ar.post_sample import PostSample, SampledStep
 

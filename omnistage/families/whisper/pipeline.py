@@ -39,7 +39,7 @@ from omnistage.stages.base import StageInputContext, StageRequest
 HERE = Path(__file__).parent
 FAMILY = f"{__package__}:register"  # omnistage/families/registry.py
 
-_MODELS = "omnistage.models.whisper"
+_MODELS = "omnistage.families.whisper"
 SAMPLE_RATE = 16000
 ENCODER_KEY = "encoder_hidden"
 

@@ -18,10 +18,10 @@ from typing import Any
 import anyio
 
 from omnistage.errors import OmniError
+from omnistage.media import resample
 from omnistage.serving.artifacts import audio_of, sample_rate_of
 from omnistage.serving.context import ServerContext
 from omnistage.serving.generation import generate
-from omnistage.serving.media import resample
 from omnistage.serving.realtime.audio import encode_pcm16
 from omnistage.serving.realtime.conversation import Conversation, Item, new_id
 from omnistage.serving.realtime.events import SAMPLE_RATE, ResponseOptions, SessionConfig

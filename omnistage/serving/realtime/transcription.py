@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from omnistage.errors import InvalidRequestError
+from omnistage.media import resample
 from omnistage.serving import transcripts
 from omnistage.serving.context import ServerContext
 from omnistage.serving.generation import generate, last_output
-from omnistage.serving.media import resample
 from omnistage.serving.realtime.events import SAMPLE_RATE
 from omnistage.serving.served import ServedModel
 from omnistage.serving.stage_params import build_stage_params

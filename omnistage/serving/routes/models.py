@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 from typing import Any
 
+import msgspec
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -36,7 +37,10 @@ def capabilities_block(model: ServedModel, ctx: ServerContext) -> dict[str, Any]
         "voices": speaks.describe()["voices"] if speaks else [],  # with the checkpoint's own
         "speed_range": list(caps.speed_range) if caps.speed_range else None,
         "clones_voices": caps.clones_voices,
-        "speech_options": list(caps.speech_options),
+        "speech_options": [
+            {"name": o.name, "schema": msgspec.json.schema(o.type), "description": o.description}
+            for o in caps.speech_options
+        ],
     }
 
 

@@ -19,6 +19,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from omnistage.errors import InvalidRequestError, OmniError
+from omnistage.media import resample
 from omnistage.outputs import OmniRequestOutput
 from omnistage.serving import transcripts
 from omnistage.serving.context import ServerContext, get_context
@@ -26,7 +27,7 @@ from omnistage.serving.errors import omni_error_body
 from omnistage.serving.forms import files, read_form, text_fields
 from omnistage.serving.generation import generate, last_output, prime, unless_disconnected
 from omnistage.serving.limits import check_audio, check_upload
-from omnistage.serving.media import decode_audio, resample
+from omnistage.serving.media import decode_audio
 from omnistage.serving.served import ServedModel
 from omnistage.serving.sse import SSE_HEADERS, sse
 from omnistage.serving.stage_params import build_stage_params

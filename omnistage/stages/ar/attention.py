@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
-from omnistage.stages.ar import native
+from omnistage.stages.ar.cpu import native
 from omnistage.stages.ar.kv_cache import NULL_BLOCK, KVStorage
 
 ATTENTION_NAME = "omnistage_paged"
@@ -53,6 +53,7 @@ class AttentionMetadata:
     kv: KVStorage
     slot_mapping: torch.Tensor  # [T] cache slot of each new token
     groups: list[AttentionGroup]
+    native: bool = True  # the engine's CPU fast path: the native kernels where they apply
 
 
 def build_metadata(
@@ -62,6 +63,7 @@ def build_metadata(
     lengths: Seq[int],
     block_tables: Seq[list[int]],
     device: torch.device,
+    native: bool = True,
 ) -> AttentionMetadata:
     """Metadata for sequences whose new tokens are packed in order: sequence i contributes `lengths[i]`
     tokens at positions `starts[i]` onward, with cache blocks `block_tables[i]`."""
@@ -92,7 +94,8 @@ def build_metadata(
                     device,
                 )
             )
-    return AttentionMetadata(kv=kv, slot_mapping=torch.tensor(slots, device=device), groups=groups)
+    slot_mapping = torch.tensor(slots, device=device)
+    return AttentionMetadata(kv=kv, slot_mapping=slot_mapping, groups=groups, native=native)
 
 
 def _group(
@@ -158,7 +161,8 @@ def paged_attention_forward(
     new_k = key[0].transpose(0, 1)  # [T, Hkv, D]
     new_v = value[0].transpose(0, 1)
     k_cache, v_cache = meta.kv.key[layer], meta.kv.value[layer]
-    if native.can_write_cache(new_k, k_cache) and native.can_write_cache(new_v, v_cache):
+    fast = meta.native
+    if fast and native.can_write_cache(new_k, k_cache) and native.can_write_cache(new_v, v_cache):
         native.write_cache(k_cache, v_cache, meta.slot_mapping, new_k, new_v)
     else:
         k_cache.index_copy_(0, meta.slot_mapping, new_k)
@@ -167,7 +171,7 @@ def paged_attention_forward(
     q = query[0].transpose(0, 1)  # [T, Hq, D]
     out = torch.empty_like(q)
     for g in meta.groups:
-        if g.query_index.shape[1] == 1 and not g.kv_from_new and native.can_decode(q, k_cache):
+        if fast and g.query_index.shape[1] == 1 and not g.kv_from_new and native.can_decode(q, k_cache):
             scale = scaling if scaling is not None else q.shape[-1] ** -0.5
             native.paged_decode(out, q, k_cache, v_cache, g.out_rows, g.kv_index, g.kv_len, scale)
             continue

@@ -4,17 +4,9 @@ Each `step()` is one iteration of: schedule (scheduler.py) → one packed forwar
 sample (sampler.py) → append tokens, detokenize, check stop conditions → emit deltas. The engine is
 synchronous and single-threaded; the worker loop adds and aborts requests between steps.
 
-engine_args (all optional): block_size (16), enable_prefix_caching (True), kv_cache_memory_fraction (0.1
-of free memory when the deploy sets no kv_cache_bytes), max_model_len (the config's
-max_position_embeddings), cpu_packed_linear (True: float32 linears on CPU, and bf16/fp16 ones where the
-CPU computes them natively, run on prepacked oneDNN weights, see packed_linear.py), scheduling_policy
-("fcfs" | "priority"), seed (unseeded sampling),
-model_loader and step_embed_hook ("module:function", see loader.py and model_runner.py), step_ready_hook
-("module:function", `fn(request_inputs, step) -> bool`: whether the inputs the step hook needs for generated
-token `step` have arrived; a request added with `streaming_input` gets more of them through `add_chunk`,
-and until they arrive its sequences sit out the steps that would need them), post_sample_hook
-("module:function" or the callable: a batched callback after each step's sampling that may emit a frame's
-other codebooks and make the next step's input embeddings, see post_sample.py).
+engine_args: `ARArgs` (args.py). A request whose step-ready hook says its inputs have not arrived sits out
+the steps that would need them; the post-sample hook may emit a frame's other codebooks and make the next
+step's input embeddings (post_sample.py).
 
 Encoder-decoder models (a loader that gives `cross_kv`) take each request's encoder output in
 `inputs["encoder_hidden_states"]`; see cross_attention.py.
@@ -35,7 +27,9 @@ import torch
 from omnistage.config.pipeline import load_ref
 from omnistage.errors import InvalidRequestError, OmniError
 from omnistage.outputs import Choice, StageOutput, error_output
-from omnistage.stages.ar import native
+from omnistage.stages.ar.args import ARArgs
+from omnistage.stages.ar.cpu import native
+from omnistage.stages.ar.cpu.packed_linear import pack_linears, packing_available
 from omnistage.stages.ar.cross_attention import INPUT_KEY as ENCODER_INPUT
 from omnistage.stages.ar.cross_attention import encoder_states, project
 from omnistage.stages.ar.detokenizer import IncrementalDetokenizer, decoder_for
@@ -43,7 +37,6 @@ from omnistage.stages.ar.inputs import InputRules, make_request, merge_chunk
 from omnistage.stages.ar.kv_cache import BlockManager, KVStorage, bytes_per_token, plan_num_blocks
 from omnistage.stages.ar.loader import LoadedModel, check_loaded, load_causal_lm, resolve_dtype
 from omnistage.stages.ar.model_runner import ForwardResult, ModelRunner, uses_mrope
-from omnistage.stages.ar.packed_linear import pack_linears, packing_available
 from omnistage.stages.ar.post_sample import SampledStep, run_hook
 from omnistage.stages.ar.sampler import Sampler
 from omnistage.stages.ar.scheduler import ScheduledSeq, Scheduler
@@ -57,30 +50,32 @@ def create_engine(ctx: EngineContext) -> AREngine:
     return AREngine(ctx)
 
 
+create_engine.args_type = ARArgs
+
+
 class AREngine:
     def __init__(self, ctx: EngineContext):
-        args, deploy = ctx.engine_args, ctx.deploy
+        args, deploy = ARArgs.of(ctx.engine_args), ctx.deploy
         self.device = torch.device(ctx.device)
-        self.model = self._load_model(ctx)
+        # The CPU fast path (stages/ar/cpu/), one switch: packed linears, the lean decoder, native kernels.
+        self.fast_path = args.cpu_fast_path and self.device.type == "cpu"
+        self.model = self._load_model(ctx, args)
         config = self.model.config
         self.tokenizer = self.model.tokenizer
-        self.max_model_len = int(
-            args.get("max_model_len") or getattr(config, "max_position_embeddings", 4096)
-        )
-        self.block_size = int(args.get("block_size", 16))
+        self.max_model_len = int(args.max_model_len or getattr(config, "max_position_embeddings", 4096))
+        self.block_size = args.block_size
         self._kv_shape = _kv_shape(config)
         self.num_blocks = plan_num_blocks(
             bytes_per_token(*self._kv_shape, self.dtype),
             self.block_size,
             deploy.kv_cache_bytes,
-            float(args.get("kv_cache_memory_fraction", 0.1)),
+            args.kv_cache_memory_fraction,
             self.device,
             max_useful_blocks=deploy.max_num_seqs * -(-self.max_model_len // self.block_size) + 1,
         )
-        prefix_caching = bool(args.get("enable_prefix_caching", True))
-        self.blocks = BlockManager(self.num_blocks, self.block_size, prefix_caching)
-        policy = args.get("scheduling_policy", "fcfs")
-        self.step_ready = load_ref(args.get("step_ready_hook"))
+        self.blocks = BlockManager(self.num_blocks, self.block_size, args.enable_prefix_caching)
+        policy = args.scheduling_policy
+        self.step_ready = load_ref(args.step_ready_hook)
         self.scheduler = Scheduler(
             self.blocks,
             deploy.max_num_seqs,
@@ -88,8 +83,8 @@ class AREngine:
             policy,
             ready=self._input_ready if self.step_ready else None,
         )
-        self.step_hook = load_ref(args.get("step_embed_hook"))
-        self.post_sample = load_ref(args.get("post_sample_hook"))
+        self.step_hook = load_ref(args.step_embed_hook)
+        self.post_sample = load_ref(args.post_sample_hook)
         self.runner = ModelRunner(
             self.model,
             self._new_kv(),
@@ -97,9 +92,10 @@ class AREngine:
             self.device,
             self.step_hook,
             feeds_embeds=self.post_sample is not None,
+            fast_path=self.fast_path,
         )
         self.num_layers = self._kv_shape[0]
-        self.sampler = Sampler(self.model.eos_token_ids, seed=args.get("seed"))
+        self.sampler = Sampler(self.model.eos_token_ids, seed=args.seed)
         self.rules = InputRules(
             tokenizer=self.tokenizer,
             vocab_size=getattr(self.model.embed, "num_embeddings", None) or config.vocab_size,
@@ -123,19 +119,15 @@ class AREngine:
         self._stalled = False
         self.peak_running = 0
 
-    def _load_model(self, ctx: EngineContext) -> LoadedModel:
+    def _load_model(self, ctx: EngineContext, args: ARArgs) -> LoadedModel:
         model_dir = ctx.model_dir
         if model_dir and ctx.stage.model_subfolder:
             model_dir = os.path.join(model_dir, ctx.stage.model_subfolder)
         self.dtype = resolve_dtype(ctx.deploy.dtype, model_dir, ctx.device)
-        ref = ctx.engine_args.get("model_loader")
+        ref = args.model_loader
         loader = load_ref(ref) if ref else load_causal_lm
         model = check_loaded(loader(model_dir, self.dtype, str(self.device)), str(ref or "default"))
-        if (
-            ctx.engine_args.get("cpu_packed_linear", True)
-            and self.device.type == "cpu"
-            and packing_available()
-        ):
+        if self.fast_path and packing_available():
             for module in (model.decoder, model.head, *model.step_modules):
                 pack_linears(module)
         return model
@@ -469,7 +461,7 @@ class AREngine:
             "sleep_level": self._sleep_level,
             "block_size": self.block_size,
             "max_model_len": self.max_model_len,
-            "native_kernels": native.kernels() is not None,
+            "native_kernels": self.fast_path and native.kernels() is not None,
             **self.blocks.stats(),
         }
 

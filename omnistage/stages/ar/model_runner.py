@@ -27,9 +27,10 @@ from typing import Any
 import torch
 
 from omnistage.stages.ar.attention import METADATA_KWARG, build_metadata
+from omnistage.stages.ar.cpu.lean_decoder import LeanDecoder, describe, lean_decoder
 from omnistage.stages.ar.cross_attention import CROSS_KWARG, CrossBatch
+from omnistage.stages.ar.extra_inputs import extra_forward_kwargs
 from omnistage.stages.ar.kv_cache import KVStorage
-from omnistage.stages.ar.lean_decoder import LeanDecoder, describe, lean_decoder
 from omnistage.stages.ar.loader import LoadedModel
 from omnistage.stages.ar.scheduler import ScheduledSeq
 from omnistage.stages.ar.sequence import SequenceInputError
@@ -63,6 +64,7 @@ class ModelRunner:
         device: torch.device,
         step_hook: StepHook | None = None,
         feeds_embeds: bool = False,
+        fast_path: bool = True,
     ):
         self.model = model
         self.kv = kv
@@ -71,7 +73,8 @@ class ModelRunner:
         self.step_hook = step_hook
         self.feeds_embeds = feeds_embeds  # a post-sample hook may give generated tokens their embeddings
         self.position_rows = 3 if uses_mrope(model.config) else 1
-        self.decoder = lean_decoder(model.decoder)
+        self.fast_path = fast_path  # the CPU fast path (stages/ar/cpu/): lean decoder and native kernels
+        self.decoder = lean_decoder(model.decoder) if fast_path else model.decoder
         logger.info("AR decoder path: %s", describe(self.decoder, model.decoder))
 
     @torch.inference_mode()
@@ -93,13 +96,14 @@ class ModelRunner:
             [item.num_tokens for item in batch],
             [item.seq.block_table for item in batch],
             self.device,
+            native=self.fast_path,
         )
         kwargs: dict[str, Any] = {METADATA_KWARG: meta}
         if self.model.cross_kv is not None:
             kwargs[CROSS_KWARG] = CrossBatch(
                 [item.seq.cross_kv for item in batch], offsets, [item.num_tokens for item in batch]
             )
-        kwargs.update(_deepstack_kwargs(batch, offsets, len(token_ids), self.device))
+        kwargs.update(extra_forward_kwargs(batch, offsets, len(token_ids), self.device))
         if layers:
             kwargs.update(_layer_kwargs(self.decoder, layers))
         out = self.decoder(
@@ -167,37 +171,6 @@ class ModelRunner:
     def restore(self, kv: KVStorage) -> None:
         self.model.root.to(self.device)
         self.kv = kv
-
-
-def _deepstack_kwargs(
-    batch: list[ScheduledSeq], offsets: list[int], total: int, device: torch.device
-) -> dict[str, Any]:
-    """DeepStack (Qwen3-VL-style vision): some prompt rows get a residual added to their hidden states after
-    each of the decoder's first K layers. A request carries them as inputs `deepstack_embeds` [K, L, H] and
-    `deepstack_mask` [L] (bool: the prompt positions they belong to); the decoder takes the step's rows as
-    transformers' `visual_pos_masks` [1, T] and `deepstack_visual_embeds` (K tensors [rows, H])."""
-    parts = []
-    for item, offset in zip(batch, offsets, strict=True):
-        inputs = item.seq.request.inputs
-        if "deepstack_embeds" not in inputs:
-            continue
-        end = min(item.start + item.num_tokens, item.seq.num_prompt_tokens)
-        if end > item.start:
-            parts.append(
-                (offset, inputs["deepstack_mask"][item.start : end], inputs["deepstack_embeds"], item.start)
-            )
-    if not parts:
-        return {}
-    mask = torch.zeros(total, dtype=torch.bool)
-    rows: list[list[torch.Tensor]] = []
-    for offset, chunk_mask, embeds, start in parts:
-        mask[offset : offset + chunk_mask.shape[0]] = chunk_mask
-        picked = embeds[:, start : start + chunk_mask.shape[0]][:, chunk_mask]
-        rows.append(list(picked))
-    if not mask.any():
-        return {}
-    layers = [torch.cat([r[k] for r in rows]).to(device) for k in range(len(rows[0]))]
-    return {"visual_pos_masks": mask[None].to(device), "deepstack_visual_embeds": layers}
 
 
 def _layer_kwargs(decoder: Any, layers: tuple[int, ...]) -> dict[str, Any]:

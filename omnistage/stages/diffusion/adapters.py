@@ -1,4 +1,4 @@
-"""Family adapters: what the engine needs to know about one diffusers pipeline class.
+"""Pipeline adapters: what the engine needs to know about one diffusers pipeline class.
 
 `PipelineAdapter` serves any pipeline as whole calls (request mode): it resolves defaults from the
 pipeline's own `__call__` signature, validates a request against the model's rules, and maps a batch of
@@ -10,6 +10,10 @@ a private scheduler), `branch_inputs` (the transformer inputs of one denoise ste
 and `decode`. The runner concatenates branch inputs of many requests into one transformer forward, so
 requests at different steps share it; each family's `prepare`/`guide`/`decode` follow its diffusers
 `__call__` line by line, so a request's result equals a plain pipeline call for the same seed.
+
+Step adapters live in their families' packages (omnistage/families/<family>/adapter.py); each family's
+`register()` names the pipeline classes its adapters serve (`register_step_adapter`), so the engine never
+knows a family by name.
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ import torch
 from omnistage import media
 from omnistage.errors import InvalidRequestError
 from omnistage.params import DiffusionParams
-from omnistage.stages.diffusion.modality import pipeline_modality
 from omnistage.stages.diffusion.request import DiffusionRequest, StepState
 
 # Knobs the engine maps itself; `params.extra` may not smuggle them in.
@@ -86,13 +89,16 @@ class PipelineAdapter:
 
     supports_steps = False
     needs_image = False
+    # What the pipeline produces ("image", "video" or "audio"), where the adapter knows its pipeline (a
+    # family's step adapter); None: what its caller says (the stage's output modality), else "image".
+    modality: str | None = None
     # Spatial multiple for height/width; None: read the pipeline's VAE scale factor.
     size_multiple: int | None = None
 
-    def __init__(self, pipe: Any, limits: dict[str, int] | None = None):
+    def __init__(self, pipe: Any, limits: dict[str, int] | None = None, modality: str | None = None):
         self.pipe = pipe
         self.class_name = type(pipe).__name__
-        self.modality = pipeline_modality(self.class_name)
+        self.modality = type(self).modality or modality or "image"
         self.limits = {**DEFAULT_LIMITS, **(limits or {})}
         self.call_signature = inspect.signature(type(pipe).__call__).parameters
         self.accepts_image = "image" in self.call_signature
@@ -311,10 +317,12 @@ class StepAdapter(PipelineAdapter):
     """A family whose denoise loop the engine drives itself."""
 
     supports_steps = True
-    # True: the family runs both CFG branches in one batched forward (SD3); step caching sees them together.
+    # True: the family runs both CFG branches in one batched forward; step caching sees them together.
     cfg_in_batch = False
-    # Transformer kwargs that are the same tensor for every row (e.g. FLUX position ids): passed once.
+    # Transformer kwargs that are the same tensor for every row (e.g. position ids): passed once.
     shared_inputs: frozenset[str] = frozenset()
+    # The forward kwarg that holds the latents: its rows are the batch the engine splits outputs by.
+    latent_input = "hidden_states"
 
     def prepare(self, req: DiffusionRequest) -> StepState:
         raise NotImplementedError
@@ -322,6 +330,11 @@ class StepAdapter(PipelineAdapter):
     def model_name(self, state: StepState) -> str:
         """Which transformer component runs the state's next step."""
         return "transformer"
+
+    def steps_per_model(self, state: StepState) -> dict[str, int] | None:
+        """How many of the state's steps each transformer component runs, where the pipeline has several
+        (step caching counts steps per transformer); None: "transformer" runs them all."""
+        return None
 
     def step_inputs(self, state: StepState) -> dict[str, Any]:
         """Inputs common to both CFG branches at the state's current step (latents, timestep...)."""
@@ -367,417 +380,18 @@ class StepAdapter(PipelineAdapter):
         return copy.deepcopy(self.pipe.scheduler)
 
 
-# ---- Wan
-class WanT2VAdapter(StepAdapter):
-    """Wan2.1 / Wan2.2 text-to-video (`WanPipeline`), including the two-expert `boundary_ratio` layout.
-
-    Wan2.2 TI2V-5B (`expand_timesteps`: a per-token timestep) is served as whole calls.
-    """
-
-    def __init__(self, pipe: Any, limits: dict[str, int] | None = None):
-        super().__init__(pipe, limits)
-        self.supports_steps = not pipe.config.get("expand_timesteps", False)
-
-    @property
-    def spatial_multiple(self) -> int:
-        patch = self._transformer().config.patch_size
-        return self.pipe.vae_scale_factor_spatial * patch[1]
-
-    @property
-    def temporal_factor(self) -> int:
-        return self.pipe.vae_scale_factor_temporal
-
-    def _transformer(self):
-        return self.pipe.transformer if self.pipe.transformer is not None else self.pipe.transformer_2
-
-    def _supports(self, name: str) -> bool:
-        if name == "guidance_scale_2":
-            return self.pipe.config.boundary_ratio is not None
-        return super()._supports(name)
-
-    def prepare(self, req: DiffusionRequest) -> StepState:
-        pipe, p = self.pipe, req.params
-        do_cfg = p.guidance_scale > 1.0
-        prompt_embeds, negative_embeds = pipe.encode_prompt(
-            prompt=req.prompt,
-            negative_prompt=req.negative_prompt,
-            do_classifier_free_guidance=do_cfg,
-            num_videos_per_prompt=p.num_outputs,
-            max_sequence_length=p.max_sequence_length,
-            device=self.device,
-        )
-        dtype = self._transformer().dtype
-        scheduler = self.private_scheduler()
-        scheduler.set_timesteps(p.num_inference_steps, device=self.device)
-        latents, extra = self._latents(req)
-        scheduler.set_begin_index(0)
-        boundary = pipe.config.boundary_ratio
-        extra.update(
-            boundary=None if boundary is None else boundary * scheduler.config.num_train_timesteps,
-            guidance=p.guidance_scale,
-            guidance_2=p.guidance_scale_2 if p.guidance_scale_2 is not None else p.guidance_scale,
-        )
-        cond = {"encoder_hidden_states": prompt_embeds.to(dtype)}
-        uncond = {"encoder_hidden_states": negative_embeds.to(dtype)} if do_cfg else None
-        return StepState(latents, scheduler.timesteps, scheduler, cond, uncond, extra)
-
-    def _latents(self, req: DiffusionRequest) -> tuple[torch.Tensor, dict[str, Any]]:
-        p = req.params
-        channels = self._transformer().config.in_channels
-        latents = self.pipe.prepare_latents(
-            p.num_outputs,
-            channels,
-            p.height,
-            p.width,
-            p.num_frames,
-            torch.float32,
-            self.device,
-            req.generator(),
-            None,
-        )
-        return latents, {}
-
-    def _high_noise(self, state: StepState) -> bool:
-        boundary = state.extra["boundary"]
-        return boundary is None or state.timesteps[state.step_index] >= boundary
-
-    def model_name(self, state: StepState) -> str:
-        return "transformer" if self._high_noise(state) else "transformer_2"
-
-    def model_input(self, state: StepState) -> torch.Tensor:
-        return state.latents
-
-    def step_inputs(self, state: StepState) -> dict[str, Any]:
-        t = state.timesteps[state.step_index]
-        return {
-            "hidden_states": self.model_input(state).to(self._transformer().dtype),
-            "timestep": t.expand(state.rows),
-        }
-
-    def guide(self, state: StepState, cond: torch.Tensor, uncond: torch.Tensor | None) -> torch.Tensor:
-        if uncond is None:
-            return cond
-        scale = state.extra["guidance"] if self._high_noise(state) else state.extra["guidance_2"]
-        return uncond + scale * (cond - uncond)
-
-    def decode(self, state: StepState) -> torch.Tensor:
-        vae = self.pipe.vae
-        latents = state.latents.to(vae.device, dtype=vae.dtype)
-        shape = (1, vae.config.z_dim, 1, 1, 1)
-        mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents.device, latents.dtype)
-        inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(latents.device, latents.dtype)
-        video = vae.decode(latents / inv_std + mean, return_dict=False)[0]
-        return torch.as_tensor(self.pipe.video_processor.postprocess_video(video, output_type="np"))
+_STEP_ADAPTERS: dict[str, type[StepAdapter]] = {}
 
 
-class WanI2VAdapter(WanT2VAdapter):
-    """Wan image-to-video (`WanImageToVideoPipeline`): the first frame, VAE-encoded, conditions every step."""
-
-    needs_image = True
-
-    def prepare(self, req: DiffusionRequest) -> StepState:
-        state = super().prepare(req)
-        image_embeds = None
-        transformer = self.pipe.transformer
-        if transformer is not None and transformer.config.image_dim is not None:
-            embeds = self.pipe.encode_image(req.images[0], self.device)
-            image_embeds = embeds.repeat(req.params.num_outputs, 1, 1).to(transformer.dtype)
-        state.cond["encoder_hidden_states_image"] = image_embeds
-        if state.uncond is not None:
-            state.uncond["encoder_hidden_states_image"] = image_embeds
-        return state
-
-    def _latents(self, req: DiffusionRequest) -> tuple[torch.Tensor, dict[str, Any]]:
-        p, pipe = req.params, self.pipe
-        image = pipe.video_processor.preprocess(req.images[0], height=p.height, width=p.width)
-        latents, condition = pipe.prepare_latents(
-            image.to(self.device, dtype=torch.float32),
-            p.num_outputs,
-            pipe.vae.config.z_dim,
-            p.height,
-            p.width,
-            p.num_frames,
-            torch.float32,
-            self.device,
-            req.generator(),
-            None,
-            None,
-        )
-        return latents, {"condition": condition}
-
-    def model_input(self, state: StepState) -> torch.Tensor:
-        return torch.cat([state.latents, state.extra["condition"]], dim=1)
+def register_step_adapter(pipeline_class_name: str, adapter: type[StepAdapter]) -> None:
+    """Serve the diffusers pipeline class called `pipeline_class_name` step by step with `adapter` (a family's
+    `register()` calls this; the last registration of a class wins)."""
+    _STEP_ADAPTERS[pipeline_class_name] = adapter
 
 
-# ---- FLUX.1
-class FluxAdapter(StepAdapter):
-    """FLUX.1 (`FluxPipeline`): guidance-distilled (guidance embedding) plus optional true CFG."""
-
-    shared_inputs = frozenset({"txt_ids", "img_ids"})
-
-    @property
-    def spatial_multiple(self) -> int:
-        return self.pipe.vae_scale_factor * 2
-
-    def prepare(self, req: DiffusionRequest) -> StepState:
-        from diffusers.pipelines.flux.pipeline_flux import calculate_shift, retrieve_timesteps
-
-        pipe, p = self.pipe, req.params
-        k, msl = p.num_outputs, p.max_sequence_length
-        do_true_cfg = p.true_cfg_scale > 1 and req.negative_prompt is not None
-        embeds, pooled, text_ids = pipe.encode_prompt(
-            prompt=req.prompt,
-            prompt_2=None,
-            device=self.device,
-            num_images_per_prompt=k,
-            max_sequence_length=msl,
-        )
-        channels = pipe.transformer.config.in_channels // 4
-        latents, image_ids = pipe.prepare_latents(
-            k, channels, p.height, p.width, embeds.dtype, self.device, req.generator(), None
-        )
-        n = p.num_inference_steps
-        sigmas = np.linspace(1.0, 1 / n, n)
-        if getattr(pipe.scheduler.config, "use_flow_sigmas", False):
-            sigmas = None
-        cfg = pipe.scheduler.config
-        mu = calculate_shift(
-            latents.shape[1],
-            cfg.get("base_image_seq_len", 256),
-            cfg.get("max_image_seq_len", 4096),
-            cfg.get("base_shift", 0.5),
-            cfg.get("max_shift", 1.15),
-        )
-        scheduler = self.private_scheduler()
-        timesteps, _ = retrieve_timesteps(scheduler, n, self.device, sigmas=sigmas, mu=mu)
-        guidance = None
-        if pipe.transformer.config.guidance_embeds:
-            guidance = torch.full([1], p.guidance_scale, device=self.device, dtype=torch.float32).expand(k)
-        scheduler.set_begin_index(0)
-        shared = {"guidance": guidance, "img_ids": image_ids}
-        cond = {**shared, "pooled_projections": pooled, "encoder_hidden_states": embeds, "txt_ids": text_ids}
-        uncond = None
-        if do_true_cfg:
-            n_embeds, n_pooled, n_text_ids = pipe.encode_prompt(
-                prompt=req.negative_prompt,
-                prompt_2=None,
-                device=self.device,
-                num_images_per_prompt=k,
-                max_sequence_length=msl,
-            )
-            uncond = {
-                **shared,
-                "pooled_projections": n_pooled,
-                "encoder_hidden_states": n_embeds,
-                "txt_ids": n_text_ids,
-            }
-        extra = {"guidance": p.true_cfg_scale, "height": p.height, "width": p.width}
-        return StepState(latents, timesteps, scheduler, cond, uncond, extra)
-
-    def step_inputs(self, state: StepState) -> dict[str, Any]:
-        t = state.timesteps[state.step_index]
-        return {
-            "hidden_states": state.latents,
-            "timestep": t.expand(state.rows).to(state.latents.dtype) / 1000,
-        }
-
-    def decode(self, state: StepState) -> torch.Tensor:
-        pipe, p = self.pipe, state.extra
-        latents = pipe._unpack_latents(state.latents, p["height"], p["width"], pipe.vae_scale_factor)
-        latents = (latents / pipe.vae.config.scaling_factor) + pipe.vae.config.shift_factor
-        image = pipe.vae.decode(latents.to(pipe.vae.device), return_dict=False)[0]
-        return torch.as_tensor(pipe.image_processor.postprocess(image, output_type="np"))
-
-
-# ---- Stable Diffusion 3
-class SD3Adapter(StepAdapter):
-    """Stable Diffusion 3 / 3.5 (`StableDiffusion3Pipeline`): classic CFG over CLIP+CLIP+T5 embeddings."""
-
-    cfg_in_batch = True
-
-    @property
-    def spatial_multiple(self) -> int:
-        return self.pipe.vae_scale_factor * self.pipe.patch_size
-
-    def prepare(self, req: DiffusionRequest) -> StepState:
-        from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import (
-            calculate_shift,
-            retrieve_timesteps,
-        )
-
-        pipe, p = self.pipe, req.params
-        do_cfg = p.guidance_scale > 1
-        embeds, n_embeds, pooled, n_pooled = pipe.encode_prompt(
-            prompt=req.prompt,
-            prompt_2=None,
-            prompt_3=None,
-            negative_prompt=req.negative_prompt,
-            do_classifier_free_guidance=do_cfg,
-            device=self.device,
-            clip_skip=None,
-            num_images_per_prompt=p.num_outputs,
-            max_sequence_length=p.max_sequence_length,
-        )
-        latents = pipe.prepare_latents(
-            p.num_outputs,
-            pipe.transformer.config.in_channels,
-            p.height,
-            p.width,
-            embeds.dtype,
-            self.device,
-            req.generator(),
-            None,
-        )
-        cfg, kwargs = pipe.scheduler.config, {}
-        if cfg.get("use_dynamic_shifting", None):
-            patch = pipe.transformer.config.patch_size
-            seq_len = (latents.shape[2] // patch) * (latents.shape[3] // patch)
-            kwargs["mu"] = calculate_shift(
-                seq_len,
-                cfg.get("base_image_seq_len", 256),
-                cfg.get("max_image_seq_len", 4096),
-                cfg.get("base_shift", 0.5),
-                cfg.get("max_shift", 1.16),
-            )
-        scheduler = self.private_scheduler()
-        timesteps, _ = retrieve_timesteps(
-            scheduler, p.num_inference_steps, self.device, sigmas=None, **kwargs
-        )
-        cond = {"encoder_hidden_states": embeds, "pooled_projections": pooled}
-        uncond = {"encoder_hidden_states": n_embeds, "pooled_projections": n_pooled} if do_cfg else None
-        return StepState(latents, timesteps, scheduler, cond, uncond, {"guidance": p.guidance_scale})
-
-    def step_inputs(self, state: StepState) -> dict[str, Any]:
-        return {
-            "hidden_states": state.latents,
-            "timestep": state.timesteps[state.step_index].expand(state.rows),
-        }
-
-    def decode(self, state: StepState) -> torch.Tensor:
-        vae = self.pipe.vae
-        latents = (state.latents / vae.config.scaling_factor) + vae.config.shift_factor
-        image = vae.decode(latents, return_dict=False)[0]
-        return torch.as_tensor(self.pipe.image_processor.postprocess(image, output_type="np"))
-
-
-# ---- Qwen-Image
-class QwenImageAdapter(StepAdapter):
-    """Qwen-Image (`QwenImagePipeline`): variable-length text with a mask, true CFG with norm rescaling."""
-
-    @property
-    def spatial_multiple(self) -> int:
-        return self.pipe.vae_scale_factor * 2
-
-    def prepare(self, req: DiffusionRequest) -> StepState:
-        from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift, retrieve_timesteps
-
-        pipe, p = self.pipe, req.params
-        k, msl = p.num_outputs, p.max_sequence_length
-        do_true_cfg = p.true_cfg_scale > 1 and req.negative_prompt is not None
-        embeds, mask = pipe.encode_prompt(
-            prompt=req.prompt, device=self.device, num_images_per_prompt=k, max_sequence_length=msl
-        )
-        latents = pipe.prepare_latents(
-            k,
-            pipe.transformer.config.in_channels // 4,
-            p.height,
-            p.width,
-            embeds.dtype,
-            self.device,
-            req.generator(),
-            None,
-        )
-        n = p.num_inference_steps
-        cfg = pipe.scheduler.config
-        mu = calculate_shift(
-            latents.shape[1],
-            cfg.get("base_image_seq_len", 256),
-            cfg.get("max_image_seq_len", 4096),
-            cfg.get("base_shift", 0.5),
-            cfg.get("max_shift", 1.15),
-        )
-        scheduler = self.private_scheduler()
-        timesteps, _ = retrieve_timesteps(scheduler, n, self.device, sigmas=np.linspace(1.0, 1 / n, n), mu=mu)
-        guidance = None
-        if pipe.transformer.config.guidance_embeds:
-            guidance = torch.full([1], p.guidance_scale, device=self.device, dtype=torch.float32).expand(k)
-        scheduler.set_begin_index(0)
-        shape = (1, p.height // pipe.vae_scale_factor // 2, p.width // pipe.vae_scale_factor // 2)
-        cond = {"encoder_hidden_states": embeds, "encoder_hidden_states_mask": mask}
-        uncond = None
-        if do_true_cfg:
-            n_embeds, n_mask = pipe.encode_prompt(
-                prompt=req.negative_prompt,
-                device=self.device,
-                num_images_per_prompt=k,
-                max_sequence_length=msl,
-            )
-            uncond = {"encoder_hidden_states": n_embeds, "encoder_hidden_states_mask": n_mask}
-        extra = {
-            "guidance": p.true_cfg_scale,
-            "guidance_embed": guidance,
-            "img_shape": shape,
-            "height": p.height,
-            "width": p.width,
-        }
-        return StepState(latents, timesteps, scheduler, cond, uncond, extra)
-
-    def step_inputs(self, state: StepState) -> dict[str, Any]:
-        t = state.timesteps[state.step_index]
-        return {
-            "hidden_states": state.latents,
-            "timestep": t.expand(state.rows).to(state.latents.dtype) / 1000,
-            "guidance": state.extra["guidance_embed"],
-            "img_shapes": [[state.extra["img_shape"]]] * state.rows,
-        }
-
-    def collate(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        """Pads text to the longest prompt and masks the padding (Qwen's attention honours the mask)."""
-        if len(inputs) == 1:
-            return inputs[0]
-        embeds = [i["encoder_hidden_states"] for i in inputs]
-        longest = max(e.shape[1] for e in embeds)
-        padded, masks = [], []
-        for i, e in zip(inputs, embeds, strict=True):
-            mask = i["encoder_hidden_states_mask"]
-            if mask is None:
-                mask = torch.ones(e.shape[:2], dtype=torch.long, device=e.device)
-            pad = longest - e.shape[1]
-            padded.append(torch.nn.functional.pad(e, (0, 0, 0, pad)))
-            masks.append(torch.nn.functional.pad(mask, (0, pad)))
-        out = super().collate([{k: v for k, v in i.items() if not k.startswith("encoder_")} for i in inputs])
-        mask = torch.cat(masks)
-        out["encoder_hidden_states"] = torch.cat(padded)
-        out["encoder_hidden_states_mask"] = None if bool(mask.all()) else mask
-        return out
-
-    def guide(self, state: StepState, cond: torch.Tensor, uncond: torch.Tensor | None) -> torch.Tensor:
-        if uncond is None:
-            return cond
-        combined = uncond + state.extra["guidance"] * (cond - uncond)
-        cond_norm = torch.norm(cond, dim=-1, keepdim=True)
-        return combined * (cond_norm / torch.norm(combined, dim=-1, keepdim=True))
-
-    def decode(self, state: StepState) -> torch.Tensor:
-        pipe, vae = self.pipe, self.pipe.vae
-        h, w = state.extra["height"], state.extra["width"]
-        latents = pipe._unpack_latents(state.latents, h, w, pipe.vae_scale_factor).to(vae.dtype)
-        shape = (1, vae.config.z_dim, 1, 1, 1)
-        mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents.device, latents.dtype)
-        inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(latents.device, latents.dtype)
-        image = vae.decode(latents / inv_std + mean, return_dict=False)[0][:, :, 0]
-        return torch.as_tensor(pipe.image_processor.postprocess(image, output_type="np"))
-
-
-ADAPTERS: dict[str, type[PipelineAdapter]] = {
-    "WanPipeline": WanT2VAdapter,
-    "WanImageToVideoPipeline": WanI2VAdapter,
-    "FluxPipeline": FluxAdapter,
-    "StableDiffusion3Pipeline": SD3Adapter,
-    "QwenImagePipeline": QwenImageAdapter,
-}
-
-
-def adapter_for(pipe: Any, limits: dict[str, int] | None = None) -> PipelineAdapter:
-    """The step adapter of the pipeline's family, or the whole-call adapter for any other pipeline."""
-    return ADAPTERS.get(type(pipe).__name__, PipelineAdapter)(pipe, limits)
+def adapter_for(
+    pipe: Any, limits: dict[str, int] | None = None, modality: str | None = None
+) -> PipelineAdapter:
+    """The step adapter registered for the pipeline's class, or the whole-call adapter for any other pipeline.
+    `modality` is what the caller serves (the stage's output modality), for an adapter that cannot tell."""
+    return _STEP_ADAPTERS.get(type(pipe).__name__, PipelineAdapter)(pipe, limits, modality)

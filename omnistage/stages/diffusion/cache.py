@@ -7,7 +7,8 @@ Two backends behind one interface (`StepCache`):
     schedule (`steps_computation_mask` + `steps_computation_policy="static"`).
   - TeaCache (implemented here on diffusers' hook registry: no library ships it): skip every block while the
     accumulated, polynomially rescaled relative L1 change of the first block's timestep-modulated input stays
-    below `rel_l1_thresh`, adding the residual cached at the last computed step.
+    below `rel_l1_thresh`, adding the residual cached at the last computed step (the polynomial and the
+    modulation of each transformer class: what its family registered in teacache_rules.py).
 
 cache-dit keeps one context per block list; the engine gives every request (or request-mode wave) its own
 context object and installs it around that request's forwards, so requests at different steps never share
@@ -31,6 +32,7 @@ from diffusers.hooks._helpers import TransformerBlockRegistry
 from diffusers.hooks.hooks import ModelHook
 
 from omnistage.errors import InvalidRequestError
+from omnistage.stages.diffusion.teacache_rules import ModulatedInput, teacache_rule
 
 os.environ.setdefault("CACHE_DIT_LOG_LEVEL", "warning")  # cache-dit logs every context at INFO
 logger = logging.getLogger(__name__)
@@ -48,10 +50,6 @@ CACHE_DIT_DEFAULTS = {
     "steps_computation_policy": "dynamic",  # "static": follow the mask exactly (a fixed caching schedule)
     "enable_taylorseer": False,
     "taylorseer_order": 1,
-}
-# Published TeaCache polynomial for FLUX; other families default to the identity (rescaled = raw change).
-TEACACHE_COEFFICIENTS = {
-    "FluxTransformer2DModel": [4.98651651e02, -2.83781631e02, 5.58554382e01, -3.82021401e00, 2.64230861e-01],
 }
 TEACACHE_DEFAULTS = {"rel_l1_thresh": 0.2, "coefficients": None}
 BLOCK_LISTS = ("blocks", "transformer_blocks", "single_transformer_blocks")
@@ -149,18 +147,17 @@ class RequestCache:
 
 
 # ---- TeaCache hooks
-def _modulated_input(block: torch.nn.Module, hidden: torch.Tensor, temb: torch.Tensor | None) -> torch.Tensor:
-    """The first block's timestep-modulated input: TeaCache's proxy for how much this step's output moves."""
+def _modulated_input(
+    modulate: ModulatedInput | None, block: torch.nn.Module, hidden: torch.Tensor, temb: torch.Tensor | None
+) -> torch.Tensor:
+    """The first block's timestep-modulated input: TeaCache's proxy for how much this step's output moves.
+    `modulate`: the transformer's own rule (teacache_rules.py), if its family registered one."""
     if temb is None:
         return hidden
-    if hasattr(block, "scale_shift_table") and temb.ndim == 3:  # Wan
-        shift, scale = (block.scale_shift_table + temb.float()).chunk(6, dim=1)[:2]
-        return block.norm1(hidden.float()) * (1 + scale) + shift
-    if hasattr(block, "img_mod"):  # Qwen-Image
-        modulation = block.img_mod(temb).chunk(2, dim=-1)[0]
-        return block._modulate(block.img_norm1(hidden), modulation)[0]
+    if modulate is not None:
+        return modulate(block, hidden, temb)
     norm = getattr(block, "norm1", None)
-    if norm is not None and "emb" in norm.forward.__code__.co_varnames:  # FLUX / SD3 AdaLayerNormZero
+    if norm is not None and "emb" in norm.forward.__code__.co_varnames:  # AdaLayerNormZero
         return norm(hidden, emb=temb)[0]
     return hidden
 
@@ -172,7 +169,8 @@ class TeaCacheController:
     def __init__(self, transformer: torch.nn.Module):
         self.active: TeaBranch | None = None
         self.request: RequestCache | None = None
-        self.coefficients = TEACACHE_COEFFICIENTS.get(type(transformer).__name__)
+        rule = teacache_rule(type(transformer).__name__)
+        self.coefficients, self.modulate = rule.coefficients, rule.modulated_input
         blocks = [b for name in BLOCK_LISTS for b in getattr(transformer, name, None) or []]
         if not blocks:
             raise ValueError(f"TeaCache: {type(transformer).__name__} has no transformer block list")
@@ -243,7 +241,7 @@ class _TeaBlockHook(ModelHook):
         hidden = self._arg("hidden_states", args, kwargs)
         encoder = self._arg("encoder_hidden_states", args, kwargs)
         if self.head:
-            modulated = _modulated_input(module, hidden, self._arg("temb", args, kwargs))
+            modulated = _modulated_input(ctl.modulate, module, hidden, self._arg("temb", args, kwargs))
             branch.reuse = ctl.decide(branch, modulated)
             branch.head_hidden, branch.head_encoder = hidden, encoder
         if branch.reuse:

@@ -1,9 +1,9 @@
 """The diffusion stage engine: serves any diffusers pipeline directory.
 
 Two execution modes (`engine_args.execution`):
-  - "step" (default for Wan T2V/I2V, FLUX.1, SD3, Qwen-Image): the engine drives encode → one denoise step →
-    decode itself; each `step()` admits waiting requests, advances one group of compatible requests by one
-    step in one transformer forward, reports progress, and decodes the requests that finished.
+  - "step" (default for the families that register a step adapter): the engine drives encode → one denoise
+    step → decode itself; each `step()` admits waiting requests, advances one group of compatible requests by
+    one step in one transformer forward, reports progress, and decodes the requests that finished.
   - "request" (any other pipeline, or by choice): compatible requests run as one plain pipeline call.
 
 Other `engine_args`: request_batch_max_wait_ms, step_policy (srpt | fcfs), aging_s, step_token_budget (latent
@@ -67,8 +67,16 @@ def default_token_budget(device: str) -> int | None:
 
 
 class DiffusionEngine:
+    """`modality` is what the stage serves (its `output_modality`): a pipeline without a step adapter is known
+    to the engine only by that."""
+
     def __init__(
-        self, model_dir: str, deploy: StageDeploy, device: str = "cpu", engine_args: dict | None = None
+        self,
+        model_dir: str,
+        deploy: StageDeploy,
+        device: str = "cpu",
+        engine_args: dict | None = None,
+        modality: str | None = None,
     ):
         args = dict(engine_args if engine_args is not None else deploy.engine_args)
         unknown = sorted(set(args) - ENGINE_ARGS)
@@ -80,7 +88,7 @@ class DiffusionEngine:
             torch.set_num_threads(deploy.num_threads)
         self.deploy = deploy
         self.default_params = dict(deploy.default_params)
-        self.runner = DiffusionRunner(model_dir, deploy.dtype, device, args)
+        self.runner = DiffusionRunner(model_dir, deploy.dtype, device, args, modality)
         self.adapter = self.runner.adapter
         self.mode = args.get("execution") or ("step" if self.runner.supports_steps else "request")
         self._check_mode(args)
@@ -332,4 +340,4 @@ def create_engine(ctx: EngineContext) -> DiffusionEngine:
     if not (model_dir / "model_index.json").exists():
         raise ConfigError(f"{model_dir} has no model_index.json: not a diffusers pipeline directory")
     args = {**ctx.stage.engine_args, **ctx.engine_args}
-    return DiffusionEngine(str(model_dir), ctx.deploy, ctx.device, args)
+    return DiffusionEngine(str(model_dir), ctx.deploy, ctx.device, args, ctx.stage.output_modality)

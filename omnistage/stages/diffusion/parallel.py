@@ -22,7 +22,6 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,6 @@ from omnistage.stages.diffusion.offload import set_module_attention_backend
 
 logger = logging.getLogger(__name__)
 
-Collate = Callable[[list[dict[str, Any]]], dict[str, Any]]
 TRANSFORMER_COMPONENTS = ("transformer", "transformer_2")
 
 
@@ -45,8 +43,9 @@ def run_model(module: torch.nn.Module, kwargs: dict[str, Any]) -> torch.Tensor:
         return module(**kwargs, return_dict=False)[0]
 
 
-def _rows(inputs: list[dict[str, Any]]) -> list[int]:
-    return [i["hidden_states"].shape[0] for i in inputs]
+def _rows(inputs: list[dict[str, Any]], key: str) -> list[int]:
+    """The batch rows of each branch input: those of its latents (the step adapter's `latent_input`)."""
+    return [i[key].shape[0] for i in inputs]
 
 
 class LocalExecutor:
@@ -56,17 +55,17 @@ class LocalExecutor:
         self.pipe = pipe
 
     def forward_local(
-        self, model_name: str, inputs: list[dict[str, Any]], collate: Collate
+        self, model_name: str, inputs: list[dict[str, Any]], adapter: Any
     ) -> list[torch.Tensor]:
-        """One forward over `inputs` (concatenated), split back per input."""
-        out = run_model(getattr(self.pipe, model_name), collate(inputs))
-        return list(out.split(_rows(inputs)))
+        """One forward over `inputs` (concatenated by the step adapter), split back per input."""
+        out = run_model(getattr(self.pipe, model_name), adapter.collate(inputs))
+        return list(out.split(_rows(inputs, adapter.latent_input)))
 
     def forward(
-        self, model_name: str, cond: list[dict[str, Any]], uncond: list[dict[str, Any]], collate: Collate
+        self, model_name: str, cond: list[dict[str, Any]], uncond: list[dict[str, Any]], adapter: Any
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Conditional and unconditional branch inputs of many requests → their noise predictions."""
-        parts = self.forward_local(model_name, cond + uncond, collate)
+        parts = self.forward_local(model_name, cond + uncond, adapter)
         return parts[: len(cond)], parts[len(cond) :]
 
     def shutdown(self) -> None:
@@ -82,6 +81,7 @@ class _TensorSpec(msgspec.Struct):
 class _Command(msgspec.Struct):
     op: str  # forward | stop
     model: str = ""
+    rows_key: str = "hidden_states"  # the branch input whose rows are the batch (the latents)
     # One kwargs description per branch: {name: _TensorSpec | plain value}; tensors follow in order.
     branches: list[dict[str, Any]] = msgspec.field(default_factory=list)
     tensor_specs: list[_TensorSpec] = msgspec.field(default_factory=list)
@@ -183,7 +183,7 @@ def _parallel_step(
         return run_model(module, branches[0])
     rank = dist.get_rank()
     mine = branches[rank] if rank < len(branches) else None
-    rows = [b["hidden_states"].shape[0] if b else 0 for b in branches]
+    rows = [b[cmd.rows_key].shape[0] if b else 0 for b in branches]
     out = run_model(module, mine) if mine else None
     return _gather_rows(out, rows, module.dtype)
 
@@ -210,12 +210,24 @@ def _gather_rows(out: torch.Tensor | None, rows: list[int], dtype: torch.dtype) 
     return torch.cat([g[:n] for g, n in zip(gathered, rows, strict=False)])
 
 
-def _worker_main(rank: int, world: int, port: int, model_dir: str, dtype: str, mode: str, args: dict) -> None:
+def _worker_main(
+    rank: int,
+    world: int,
+    port: int,
+    model_dir: str,
+    dtype: str,
+    mode: str,
+    args: dict,
+    padding_processors: dict[str, str] | None = None,
+) -> None:
     """Ranks 1..N-1 (`python -m omnistage.stages.diffusion.parallel '<json>'`): load the transformer(s),
-    join the group, execute forwards until told to stop (or until rank 0's process is gone)."""
+    join the group, execute forwards until told to stop (or until rank 0's process is gone).
+    `padding_processors`: rank 0's registrations (text_padding.py), so every rank attends alike."""
     from omnistage.processes import watch_parent
 
     watch_parent()
+    for plain, padded in (padding_processors or {}).items():
+        text_padding.register_padding_processor(plain, padded)
     if args.get("num_threads"):
         torch.set_num_threads(int(args["num_threads"]))
     modules = load_transformers(model_dir, dtype)
@@ -287,7 +299,7 @@ class DistributedExecutor(LocalExecutor):
         self.workers = []
         for rank in range(1, world):
             spec = {"rank": rank, "world": world, "port": port, "model_dir": model_dir, "dtype": dtype}
-            spec.update(mode=mode, args=args)
+            spec.update(mode=mode, args=args, padding_processors=text_padding.padding_processors())
             cmd = [sys.executable, "-m", "omnistage.stages.diffusion.parallel", json.dumps(spec)]
             # stdin: a pipe the rank watches, so it leaves with this process even if it is killed
             self.workers.append(subprocess.Popen(cmd, stdin=subprocess.PIPE))
@@ -304,24 +316,25 @@ class DistributedExecutor(LocalExecutor):
                 enable_ulysses(module, world, torch.device("cpu"), args.get("attention_backend"))
         logger.info("%s parallel group of %d ranks ready (port %d)", mode, world, port)
 
-    def forward(self, model_name, cond, uncond, collate):
+    def forward(self, model_name, cond, uncond, adapter):
+        collate, key = adapter.collate, adapter.latent_input
         if self.mode == "ulysses":
             branches = [collate(cond + uncond)]
         else:
             branches = [collate(cond) if cond else {}, collate(uncond) if uncond else {}]
         cmd, tensors = _encode_branches(branches)
-        cmd.model = model_name
+        cmd.model, cmd.rows_key = model_name, key
         _send(cmd, tensors)
         out = _parallel_step(self.modules, self.mode, cmd, tensors)
         if self.mode == "ulysses":
-            parts = list(out.split(_rows(cond + uncond)))
+            parts = list(out.split(_rows(cond + uncond, key)))
             return parts[: len(cond)], parts[len(cond) :]
-        n_cond = sum(_rows(cond))
-        cond_out = list(out[:n_cond].split(_rows(cond)))
-        uncond_out = list(out[n_cond:].split(_rows(uncond))) if uncond else []
+        n_cond = sum(_rows(cond, key))
+        cond_out = list(out[:n_cond].split(_rows(cond, key)))
+        uncond_out = list(out[n_cond:].split(_rows(uncond, key))) if uncond else []
         return cond_out, uncond_out
 
-    def forward_local(self, model_name, inputs, collate):
+    def forward_local(self, model_name, inputs, adapter):
         raise ConfigError("step caching cannot be combined with CFG-parallel or Ulysses in this engine")
 
     def shutdown(self) -> None:

@@ -24,8 +24,9 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 
 def load_pipeline(model_dir: str, dtype: str = "auto", device: str = "cpu") -> Any:
-    """A diffusers pipeline from a local directory (`model_index.json`); never downloads. Its Wan
-    cross-attention runs on collapsed prompt padding (`text_padding`)."""
+    """A diffusers pipeline from a local directory (`model_index.json`); never downloads. The cross-attentions
+    whose processor a family registered a padding-collapsing one for run on collapsed prompt padding
+    (`text_padding`)."""
     from diffusers import DiffusionPipeline
 
     torch_dtype = DTYPES.get(dtype, torch.float32 if device == "cpu" else torch.bfloat16)
@@ -37,11 +38,18 @@ def load_pipeline(model_dir: str, dtype: str = "auto", device: str = "cpu") -> A
 
 
 class DiffusionRunner:
-    def __init__(self, model_dir: str, dtype: str, device: str, engine_args: dict[str, Any]):
+    def __init__(
+        self,
+        model_dir: str,
+        dtype: str,
+        device: str,
+        engine_args: dict[str, Any],
+        modality: str | None = None,
+    ):
         self.model_dir = model_dir
         self.pipe = load_pipeline(model_dir, dtype, device)
         offload.apply(self.pipe, engine_args)
-        self.adapter: PipelineAdapter = adapter_for(self.pipe, engine_args.get("limits"))
+        self.adapter: PipelineAdapter = adapter_for(self.pipe, engine_args.get("limits"), modality)
         self.cache = StepCache(self.pipe, engine_args.get("cache"))
         self.dtype = dtype
         self.executor = LocalExecutor(self.pipe)
@@ -95,16 +103,9 @@ class DiffusionRunner:
         adapter: StepAdapter = self.adapter
         state = adapter.prepare(req)
         branches = 1 if state.uncond is None or adapter.cfg_in_batch else 2
-        steps = self._state_steps_per_model(state)
+        steps = adapter.steps_per_model(state)  # cache-dit counts steps per transformer
         state.cache = self.cache.new_request(req.params, state.total_steps, branches, steps)
         req.state = state
-
-    def _state_steps_per_model(self, state) -> dict[str, int] | None:
-        """Wan2.2's two experts each see only their share of the steps (cache-dit counts per transformer)."""
-        if "boundary" not in state.extra or state.extra["boundary"] is None:
-            return None
-        high = int((state.timesteps >= state.extra["boundary"]).sum())
-        return {"transformer": high, "transformer_2": state.total_steps - high}
 
     @torch.no_grad()
     def denoise(self, reqs: list[DiffusionRequest]) -> None:
@@ -130,7 +131,7 @@ class DiffusionRunner:
             unconds.extend(branches[1:])
         module = getattr(self.pipe, model_name)
         with self.cache.activate(None, module):
-            cond_out, uncond_out = self.executor.forward(model_name, conds, unconds, adapter.collate)
+            cond_out, uncond_out = self.executor.forward(model_name, conds, unconds, adapter)
         uncond_iter = iter(uncond_out)
         for req, cond in zip(group, cond_out, strict=True):
             uncond = next(uncond_iter) if req.state.uncond is not None else None
@@ -144,12 +145,10 @@ class DiffusionRunner:
         branches = adapter.branch_inputs(state)
         with self.cache.activate(state.cache, module):
             if adapter.cfg_in_batch and len(branches) == 2:
-                uncond, cond = self.executor.forward_local(
-                    model_name, [branches[1], branches[0]], adapter.collate
-                )
+                uncond, cond = self.executor.forward_local(model_name, [branches[1], branches[0]], adapter)
                 outs = [cond, uncond]
             else:
-                outs = [self.executor.forward_local(model_name, [b], adapter.collate)[0] for b in branches]
+                outs = [self.executor.forward_local(model_name, [b], adapter)[0] for b in branches]
         adapter.advance(state, adapter.guide(state, outs[0], outs[1] if len(outs) > 1 else None))
 
     @torch.no_grad()

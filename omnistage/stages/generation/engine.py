@@ -29,13 +29,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Generator as Steps
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 
 from omnistage.config.pipeline import load_ref
 from omnistage.outputs import StageOutput
 from omnistage.stages.base import EngineContext, StageInputContext, StageRequest
+from omnistage.stages.engine_args import EngineArgs
 
 logger = logging.getLogger(__name__)
 
@@ -373,19 +374,34 @@ class GenerationEngine:
         self.first_pass = self.pass_ = None
 
 
+class GenerationArgs(EngineArgs):
+    """The default generation engine's `engine_args`: the generator, and how its input is chunked."""
+
+    generator: Any = None  # "module:function" (or the callable): (EngineContext) -> Generator
+    chunk_size: int | None = None
+    max_chunk_size: int | None = None
+    first_chunk_size: int | None = None
+    first_chunk_sizes: list[int] | None = None
+    first_right_context: int | None = None
+    left_context: int = 0
+    right_context: int = 0
+    input_key: str = "codes"
+    output_key: str = "audio"
+
+    refs: ClassVar[tuple[str, ...]] = ("generator",)
+
+
 def create_engine(ctx: EngineContext) -> GenerationEngine:
-    """`engine_args`: `generator` ("module:function" called with the context, returning a Generator),
-    and optionally `chunk_size`, `max_chunk_size`, `first_chunk_size`, `first_chunk_sizes`,
-    `first_right_context`, `left_context`, `right_context`, `input_key`, `output_key`."""
-    args = dict(ctx.engine_args)
-    factory = load_ref(args.pop("generator", None))
+    """The generator named by `engine_args` (GenerationArgs) on the generation engine."""
+    args = GenerationArgs.of(ctx.engine_args)
+    factory = load_ref(args.generator)
     if factory is None:
         raise ValueError(f"stage {ctx.stage.name}: generation stages need engine_args.generator")
-    known = {"chunk_size", "max_chunk_size", "first_chunk_size", "first_chunk_sizes", "first_right_context"}
-    known |= {"left_context", "right_context"}
-    known |= {"input_key", "output_key"}
-    options = {k: v for k, v in args.items() if k in known}
+    options = {f: getattr(args, f) for f in args.__struct_fields__ if f != "generator"}
     return GenerationEngine(factory(ctx), max_num_seqs=ctx.deploy.max_num_seqs, **options)
+
+
+create_engine.args_type = GenerationArgs
 
 
 # ---- processors for the common case: upstream token ids are the codes ----------------------------------

@@ -1,5 +1,5 @@
-"""The decoder stack of Llama/Qwen2/Qwen3(-MoE)-family models, evaluated without transformers' per-call
-machinery.
+"""The decoder stack of Llama-style models (their layer forms registered by their families), evaluated
+without transformers' per-call machinery.
 
 At decode batch sizes a small model's step pays for Python around its tensor ops: the decorated `forward`
 of the model (output capture, config defaults, deprecation shims, causal-mask dispatch), then per layer six
@@ -9,10 +9,10 @@ GEMM each, which is bit-identical) and with the same paged attention function, s
 model's forward (tested bit for bit). On the Qwen2.5-Omni benchmark talker (4 layers of width 256, 8
 sequences) a decode step takes 7.6 ms this way against 8.1-8.9 ms through the model's forward.
 
-Only layer types whose arithmetic is known are run this way (`supports`); anything else keeps the model's
-own forward (the engine logs which, and why, at load: `describe`). Qwen3's per-head q/k norms run as the
-model's own norm modules, and a mixture-of-experts block (Qwen3-MoE) is called as the model calls it: the
-lean stack saves the Python around it, not the experts' own dispatch.
+Only layer types whose arithmetic is known are run this way (`supports`: a family registered their form,
+layer_forms.py); anything else keeps the model's own forward (the engine logs which, and why, at load:
+`describe`). Per-head q/k norms run as the model's own norm modules, and a mixture-of-experts block is called
+as the model calls it: the lean stack saves the Python around it, not the experts' own dispatch.
 
 Where the native kernels are built (native.py: AVX-512 CPUs) and every joint GEMM is packed, each layer's
 pointwise work runs as four native calls instead of some thirty torch ops: RMS norm fused with the residual
@@ -33,32 +33,10 @@ import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from omnistage.stages.ar import native
 from omnistage.stages.ar.attention import paged_attention_forward
-from omnistage.stages.ar.packed_linear import Joint, JointLinear, fuse_packed
-
-# (decoder layer, attention, RMS norm(s, "|" between), mixture-of-experts block or None) classes whose
-# forward is: pre-norm attention with rotary q/k (Qwen3: each head's q and k RMS-normed first), a residual,
-# a pre-norm MLP (gated SiLU, or the named experts block, called as is), a residual; RMS norm = weight * x *
-# rsqrt(mean(x²) + eps).
-KNOWN_LAYERS = {
-    "Qwen2_5OmniDecoderLayer": ("Qwen2_5OmniAttention", "Qwen2_5OmniRMSNorm", None),
-    "Qwen2DecoderLayer": ("Qwen2Attention", "Qwen2RMSNorm", None),
-    "LlamaDecoderLayer": ("LlamaAttention", "LlamaRMSNorm", None),
-    "Qwen3DecoderLayer": ("Qwen3Attention", "Qwen3RMSNorm", None),
-    "Qwen3MoeDecoderLayer": ("Qwen3MoeAttention", "Qwen3MoeRMSNorm", "Qwen3MoeSparseMoeBlock"),
-    # Qwen3-Omni's talker (multimodal rotary from the model's own rotary_emb) and its code predictor
-    "Qwen3OmniMoeTalkerDecoderLayer": (
-        "Qwen3OmniMoeThinkerTextAttention",
-        "Qwen3OmniMoeThinkerTextRMSNorm|Qwen3OmniMoeTextRMSNorm",  # the final norm is the second, same sums
-        "Qwen3OmniMoeTalkerTextSparseMoeBlock",
-    ),
-    "Qwen3OmniMoeTalkerCodePredictorDecoderLayer": (
-        "Qwen3OmniMoeTalkerCodePredictorAttention",
-        "Qwen3OmniMoeRMSNorm",
-        None,
-    ),
-}
+from omnistage.stages.ar.cpu import native
+from omnistage.stages.ar.cpu.layer_forms import layer_form
+from omnistage.stages.ar.cpu.packed_linear import Joint, JointLinear, fuse_packed
 
 
 def lean_decoder(decoder: Any) -> Any:
@@ -81,18 +59,19 @@ def unsupported(model: Any) -> str | None:
         return f"{type(model).__name__} has no layers/norm/rotary_emb"
     for layer in layers:
         name = type(layer).__name__
-        known = KNOWN_LAYERS.get(name)
-        if known is None:
-            return f"{name} is not a known layer type"
+        form = layer_form(name)
+        if form is None:
+            return f"{name} has no registered layer form (stages/ar/cpu/layer_forms.py)"
         attn, mlp = layer.self_attn, layer.mlp
-        if type(attn).__name__ != known[0] or getattr(attn, "sliding_window", None) is not None:
+        if type(attn).__name__ != form.attention or getattr(attn, "sliding_window", None) is not None:
             return f"{name}: attention {type(attn).__name__} (or a sliding window)"
         norms = [layer.input_layernorm, layer.post_attention_layernorm, model.norm]
         norms += [n for n in (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)) if n is not None]
-        if any(type(n).__name__ not in known[1].split("|") for n in norms):
-            return f"{name}: norms other than {known[1]}"
-        if not _gated_silu(mlp) and type(mlp).__name__ != known[2]:
-            return f"{name}: MLP {type(mlp).__name__} is neither a SiLU-gated MLP nor {known[2] or 'experts'}"
+        if any(type(n).__name__ not in form.norms for n in norms):
+            return f"{name}: norms other than {'/'.join(form.norms)}"
+        if not _gated_silu(mlp) and type(mlp).__name__ != form.experts:
+            experts = form.experts or "experts"
+            return f"{name}: MLP {type(mlp).__name__} is neither a SiLU-gated MLP nor {experts}"
     return None
 
 

@@ -10,11 +10,11 @@ tiny torch ops per layer with four calls, and `write_cache` puts a step's keys a
 Why a build step of our own rather than `torch.utils.cpp_extension.load`: that JIT-builds into one user-wide
 cache keyed by the sources only, so two installs on one machine rebuilt each other's library inside stage
 processes at serve time, and a compile killed part-way left torch's lock file behind, on which every later
-stage start waited forever. Here `make setup` (`python -m omnistage.stages.ar.native`) compiles the library
-into this install's build folder, under a name keyed by everything that changes it (sources, flags, torch,
-Python ABI, CPU capability); the compiler writes a temporary file that is renamed into place, so no lock is
-needed. At serve time `kernels()` only loads that file: where it is missing or does not load, the engine says
-why once and stays on torch ops (SDPA for attention). It never compiles and never waits.
+stage start waited forever. Here `make setup` (`python -m omnistage.stages.ar.cpu.native`) compiles the
+library into this install's build folder, under a name keyed by everything that changes it (sources, flags,
+torch, Python ABI, CPU capability); the compiler writes a temporary file that is renamed into place, so no
+lock is needed. At serve time `kernels()` only loads that file: where it is missing or does not load, the
+engine says why once and stays on torch ops (SDPA for attention). It never compiles and never waits.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def kernels() -> Any | None:
     if not path.is_file():
         logger.warning(
             "native AR kernels off: none built for this install (%s); `make setup` or "
-            "`python -m omnistage.stages.ar.native` builds them",
+            "`python -m omnistage.stages.ar.cpu.native` builds them",
             path,
         )
         return None
