@@ -64,15 +64,14 @@ def load_toy_talker(model_dir: str, dtype: torch.dtype, device: str) -> LoadedMo
 
 
 def shift_kwargs(batch: list[Any], offsets: list[int], total: int, device: torch.device) -> dict[str, Any]:
-    """The extra input's builder: each request's `toy_shift` rows [L, H] (prompt positions) for the rows
-    of this step that hold them, zeros elsewhere."""
+    """The extra input's builder: a request's `toy_shift` row [H] on each of its prompt positions in this
+    step, zeros elsewhere."""
     shift = None
     for item, offset in zip(batch, offsets, strict=True):
-        rows = item.seq.request.inputs.get("toy_shift")
-        if rows is None:
+        row = item.seq.request.inputs.get("toy_shift")
+        end = min(item.start + item.num_tokens, item.seq.num_prompt_tokens)
+        if row is None or end <= item.start:
             continue
-        end = min(item.start + item.num_tokens, rows.shape[0])
-        if end > item.start:
-            shift = shift if shift is not None else torch.zeros(total, rows.shape[1])
-            shift[offset : offset + end - item.start] = rows[item.start : end]
+        shift = shift if shift is not None else torch.zeros(total, row.shape[0])
+        shift[offset : offset + end - item.start] = row
     return {} if shift is None else {"toy_shift": shift[None].to(device)}

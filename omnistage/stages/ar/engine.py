@@ -462,6 +462,7 @@ class AREngine:
             "block_size": self.block_size,
             "max_model_len": self.max_model_len,
             "native_kernels": self.fast_path and native.kernels() is not None,
+            "decoder_path": self.runner.path,
             **self.blocks.stats(),
         }
 

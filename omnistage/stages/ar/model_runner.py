@@ -75,7 +75,11 @@ class ModelRunner:
         self.position_rows = 3 if uses_mrope(model.config) else 1
         self.fast_path = fast_path  # the CPU fast path (stages/ar/cpu/): lean decoder and native kernels
         self.decoder = lean_decoder(model.decoder) if fast_path else model.decoder
-        logger.info("AR decoder path: %s", describe(self.decoder, model.decoder))
+        # What runs, and why, in words (stats, log).
+        self.path = (
+            describe(self.decoder, model.decoder) if fast_path else "the model's own forward (fast path off)"
+        )
+        logger.info("AR decoder path: %s", self.path)
 
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq], layers: tuple[int, ...] = ()) -> ForwardResult:
