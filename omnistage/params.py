@@ -87,7 +87,7 @@ class DiffusionParams(msgspec.Struct, kw_only=True, omit_defaults=True, tag=True
     fps: int | None = None
     num_inference_steps: int | None = None
     guidance_scale: float | None = None
-    # Wan2.2's low-noise expert has its own guidance scale.
+    # A two-expert video model's low-noise expert has its own guidance scale.
     guidance_scale_2: float | None = None
     true_cfg_scale: float | None = None
     seed: int | None = None

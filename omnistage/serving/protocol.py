@@ -116,7 +116,7 @@ class DiffusionFields(OpenAIModel):
     negative_prompt: str | None = None
     num_inference_steps: int | None = Field(None, ge=1, le=200)
     guidance_scale: float | None = Field(None, ge=0.0, le=20.0)
-    guidance_scale_2: float | None = Field(None, ge=0.0, le=20.0)  # Wan2.2's low-noise expert
+    guidance_scale_2: float | None = Field(None, ge=0.0, le=20.0)  # a two-expert model's low-noise expert
     true_cfg_scale: float | None = Field(None, ge=0.0, le=20.0)
 
 

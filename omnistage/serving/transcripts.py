@@ -71,7 +71,7 @@ def verbose(segments: list[Segment], task: str, language: str, seconds: float, t
         "segments": [
             {
                 "id": i,
-                "seek": int(round(s.start * 100)),  # Whisper's seek: the segment's start in 10 ms frames
+                "seek": int(round(s.start * 100)),  # OpenAI's seek: the segment's start in 10 ms frames
                 "start": s.start,
                 "end": s.end,
                 "text": s.text,

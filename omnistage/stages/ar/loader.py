@@ -40,7 +40,7 @@ class LoadedModel:
     root: torch.nn.Module | None = None  # owns every weight (moved on sleep); defaults to the decoder
     # Encoder-decoder models: encoder output [S, H] → each layer's cross-attention K/V (cross_attention.py).
     cross_kv: Any | None = None
-    # `fn(output_token_ids, logits[V]) -> logits` run for every request before its own (e.g. Whisper's
+    # `fn(output_token_ids, logits[V]) -> logits` run for every request before its own (e.g. a recogniser's
     # suppressed tokens, which its `generate` applies to every step).
     logits_processors: list[Any] = dataclasses.field(default_factory=list)
     # Modules a post-sample hook runs every step (a code predictor): the engine packs their linears as it
@@ -125,7 +125,7 @@ def check_loaded(loaded: Any, loader_name: str) -> LoadedModel:
 def resolve_dtype(requested: str, model_dir: str | None, device: str) -> torch.dtype:
     """The compute dtype. "auto" takes the checkpoint's dtype, except on a CPU: there fp16 runs in bf16
     (as vLLM's CPU backend does: oneDNN's fp16 without AMX-FP16 is no faster than fp32, while bf16 on AMX is
-    ~3x faster; Whisper tiny.en's encoder, one thread: fp32 0.33 s, fp16 0.35 s, bf16 0.11 s), and
+    ~3x faster; a tiny speech encoder, one thread: fp32 0.33 s, fp16 0.35 s, bf16 0.11 s), and
     bf16 on a CPU without native support for it (no AVX512-BF16/AMX: oneDNN emulates it, several times
     slower than fp32) runs in float32. An explicit dtype is always honoured."""
     if requested != "auto":

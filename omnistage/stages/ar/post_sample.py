@@ -1,6 +1,6 @@
 """The post-sample hook: a family's batched callback after each step's sampling.
 
-Multi-codebook talkers (Qwen3-TTS, Qwen3-Omni) sample codebook 0 of a frame with the talker's head, then a
+Multi-codebook talkers sample codebook 0 of a frame with the talker's head, then a
 small code-predictor network fills in the other codebooks from the talker's hidden state, and the next step
 is fed the sum of the frame's codebook embeddings instead of codebook 0's alone. engine_args
 `post_sample_hook` ("module:function", or the callable itself in-process) names

@@ -44,7 +44,7 @@ class ARRequest:
 
     `prompt_embeds` ([L, H]) replaces the token-embedding lookup for the prompt; `positions` ([R, L], R = 1
     or 3 rows of RoPE positions) and `rope_delta` give multimodal positions: a token at index i >= L sits at
-    position i + rope_delta on every row (how transformers' Qwen2-VL / Qwen2.5-Omni continue decoding).
+    position i + rope_delta on every row (how transformers' multimodal-rotary models continue decoding).
     """
 
     request_id: str

@@ -1,7 +1,7 @@
 """Attention over a dense, per-call KV cache, for the lean decoder (lean_decoder.py).
 
-A code predictor (Qwen3-TTS, Qwen3-Omni) runs a small decoder some fifteen times a frame, every sequence of
-the batch the same length, each frame from an empty cache. transformers' `DynamicCache` and mask machinery
+A multi-codebook talker's code predictor runs a small decoder some fifteen times a frame, every sequence
+of the batch the same length, each frame from an empty cache. transformers' `DynamicCache` and mask machinery
 cost more there than the arithmetic; here each layer's keys and values are concatenated as they come and
 attention is one SDPA call (causal only when the cache was empty: the first call of a frame).
 """

@@ -2,7 +2,7 @@
 models have them.
 
 A form names a decoder layer class and the classes of its parts, for layers whose forward is: pre-norm
-attention with rotary q/k (Qwen3-style: each head's q and k RMS-normed first), a residual, a pre-norm MLP (a
+attention with rotary q/k (optionally each head's q and k RMS-normed first), a residual, a pre-norm MLP (a
 gated SiLU, or the named mixture-of-experts block, called as the model calls it), a residual; RMS norm =
 weight * x * rsqrt(mean(x²) + eps). A layer with no registered form keeps the model's own forward.
 """

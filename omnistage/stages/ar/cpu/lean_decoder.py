@@ -6,7 +6,7 @@ of the model (output capture, config defaults, deprecation shims, causal-mask di
 module calls and their hooks, and one GEMM call per linear. `LeanDecoder` runs the same tensor ops, in the
 same order, on the same weights (packed ones where the engine packed them; q/k/v and gate/up as one packed
 GEMM each, which is bit-identical) and with the same paged attention function, so its outputs equal the
-model's forward (tested bit for bit). On the Qwen2.5-Omni benchmark talker (4 layers of width 256, 8
+model's forward (tested bit for bit). On an omni model's benchmark talker (4 layers of width 256, 8
 sequences) a decode step takes 7.6 ms this way against 8.1-8.9 ms through the model's forward.
 
 Only layer types whose arithmetic is known are run this way (`supports`: a family registered their form,
@@ -100,7 +100,7 @@ class _Layer:
     head_dim: int
     qkv: Joint
     gate_up: Joint | None  # None: the MLP is called as the model calls it (a mixture of experts)
-    q_norm: torch.nn.Module | None  # Qwen3's per-head RMS norms of q and k, before rotary
+    q_norm: torch.nn.Module | None  # per-head RMS norms of q and k, before rotary (where the layer has them)
     k_norm: torch.nn.Module | None
     qk_weight: torch.Tensor | None  # both norms' weights, head by head (_norm_heads_)
 
@@ -189,7 +189,7 @@ class LeanDecoder:
         seen: dict[int, torch.Tensor],
     ) -> torch.Tensor:
         """The same layers through the native pointwise kernels; each residual add is fused with the norm
-        that follows it (the next layer's input norm, and the final norm after the last layer). Qwen3's q/k
+        that follows it (the next layer's input norm, and the final norm after the last layer). Per-head q/k
         norms and a mixture-of-experts MLP stay torch ops."""
         ops = self.native_ops
         batch, length, _ = h.shape
@@ -219,7 +219,7 @@ class LeanDecoder:
 
 
 def _norm_heads_(fused: torch.Tensor, widths: list[int], dim: int, layer: _Layer) -> None:
-    """Qwen3's per-head q and k norms, in place on the q/k/v GEMM's output (before rotary, as the model).
+    """Per-head q and k norms, in place on the q/k/v GEMM's output (before rotary, as the model).
     With one epsilon for both, q's and k's heads are normed together: the norm modules' own ops on the
     same rows, with each head's weight (`qk_weight`), so the same numbers in half the calls."""
     q_width, k_width = widths[0], widths[1]

@@ -1,4 +1,4 @@
-// The pointwise parts of a Llama/Qwen2 decoder layer, each in one pass over its rows (built by native.py).
+// The pointwise parts of a Llama-style decoder layer, each in one pass over its rows (built by native.py).
 //
 // At decode batch sizes these are tiny tensors, and torch spends more on launching their ops than on the
 // arithmetic: an RMS norm is eight ops (upcast, square, mean, add, rsqrt, two products, downcast), rotary
@@ -121,7 +121,7 @@ void check_weight(const torch::Tensor& x, const torch::Tensor& weight) {
 
 }  // namespace
 
-// RMS norm of each row of x (last dim), as transformers' Llama/Qwen2 RMSNorm computes it.
+// RMS norm of each row of x (last dim), as transformers' Llama-style RMSNorm modules compute it.
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
   check_rows(x, "x");
   check_weight(x, weight);
