@@ -2,9 +2,10 @@
 
 A model whose decoder attends an encoder's output (a speech recogniser) gives its loader's
 `LoadedModel.cross_kv`: a function that projects one encoder output ([S, H]) into every decoder layer's
-cross-attention keys and values. The engine calls it once per sequence when the request is added (`encoder_hidden_states` in the
-request's inputs: one [S, H] tensor for all its sequences, or one per sequence, e.g. one per audio segment
-with `n` = the number of segments) and keeps the result with the sequence, so a decode step never
+cross-attention keys and values. The engine calls it once per sequence when the request is added
+(`encoder_hidden_states` in the request's inputs: one [S, H] tensor for all its sequences, or one per
+sequence, e.g. one per audio segment with `n` = the number of segments) and keeps the result with the
+sequence, so a decode step never
 recomputes it and a preempted sequence recomputes only its self-attention. The runner hands the decoder
 a `CrossBatch` under `CROSS_KWARG`; the decoder's cross-attention layers call `cross_attention`.
 
