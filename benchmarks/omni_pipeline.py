@@ -66,7 +66,8 @@ class Family:
     reference_class: str  # the transformers composite model
     processor_class: str
     samples_per_token: int  # 24 kHz samples per talker token
-    left_pad: bool  # Qwen2.5-Omni's reference needs one masked pad token (tests/omni/omni_reference.py)
+    # Qwen2.5-Omni's reference needs one masked pad token (tests/qwen2_5_omni/omni_reference.py)
+    left_pad: bool
     talker_extra_token: int  # the Qwen3-Omni reference makes no frame of its last talker token
     seeded_code2wav: bool
     targets: tuple[float, float]  # the (TTFA async / full, JCT / transformers) targets
@@ -156,7 +157,8 @@ class Baseline:
         inputs = dict(prompt_to_inputs(self.processor, text))
         if self.left_pad:
             # One masked pad token keeps transformers on the talker's designed path (codec BOS/pad
-            # embeddings, multimodal positions; see tests/omni/omni_reference.py), which omnistage computes.
+            # embeddings, multimodal positions; see tests/qwen2_5_omni/omni_reference.py), which omnistage
+            # computes.
             inputs["input_ids"] = torch.nn.functional.pad(inputs["input_ids"], (1, 0), value=151643)
             inputs["attention_mask"] = torch.nn.functional.pad(inputs["attention_mask"], (1, 0), value=0)
         torch.manual_seed(0)

@@ -23,7 +23,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.polling import wait_until  # noqa: E402
 from tests.reliability.conftest import KV_CACHE_BYTES, held, rss_bytes, server_pids  # noqa: E402
 from tests.reliability.leftovers import MARK_VARIABLE, new_mark, processes_marked, segments_of  # noqa: E402
 from tests.reliability.mixed_load import (  # noqa: E402
@@ -33,7 +32,8 @@ from tests.reliability.mixed_load import (  # noqa: E402
     streamed_burst,
     worst_stall_bound,
 )
-from tests.serving.server_process import ServerProcess  # noqa: E402
+from tests.support.polling import wait_until  # noqa: E402
+from tests.support.server_process import ServerProcess  # noqa: E402
 
 
 def loop_figures(url: str, streams: int) -> tuple[float, list[float], list[str]]:

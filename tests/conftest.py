@@ -70,9 +70,9 @@ def voices_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def voice_demo_server(tmp_path_factory: pytest.TempPathFactory, voices_dir: Path) -> Iterator:
-    """tests/voice_demo.py: the speaking and listening demo models, one server for the session."""
-    from tests.serving.server_process import ServerProcess
-    from tests.voice_demo import voice_demo_args
+    """tests/support/voice_demo.py: the speaking and listening demo models, one server for the session."""
+    from tests.support.server_process import ServerProcess
+    from tests.support.voice_demo import voice_demo_args
 
     root = tmp_path_factory.mktemp("voice-demo-server")
     server = ServerProcess(

@@ -1,5 +1,6 @@
 """`omnistage bench serve` against a real `omnistage serve` of the demo set (SmolLM2 that can speak, the
-`hibari-en` voice, the `wan-shapes` image/video model; the session's shared server, tests/voice_demo.py):
+`hibari-en` voice, the `wan-shapes` image/video model; the session's shared server,
+tests/support/voice_demo.py):
 every backend runs a short load and its JSON holds each metric with a value consistent with the
 per-request records of the same run."""
 
@@ -17,8 +18,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from omnistage.cli import main as cli_main
-from tests.polling import wait_until
-from tests.serving.server_process import REPO, ServerProcess
+from tests.support.polling import wait_until
+from tests.support.server_process import REPO, ServerProcess
 
 pytestmark = pytest.mark.e2e
 CHAT, VOICE, SHAPES = "smollm2-135m-instruct", "hibari-en", "wan-shapes"

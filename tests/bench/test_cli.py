@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from omnistage.cli import main as cli_main
-from tests.serving.server_process import free_port
+from tests.support.server_process import free_port
 
 pytestmark = pytest.mark.unit
 

@@ -15,7 +15,7 @@ from omnistage.families.hibari.voice import HibariVoice, load_hibari
 from omnistage.outputs import StageOutput, StageResult
 from omnistage.params import GenerationParams
 from omnistage.stages.base import EngineContext, StageInputContext, StageRequest
-from tests.asr import transcribe, word_errors
+from tests.support.asr import transcribe, word_errors
 
 pytestmark = pytest.mark.engine
 

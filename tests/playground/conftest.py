@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from tests.serving.server_process import ServerProcess
+from tests.support.server_process import ServerProcess
 
 API_KEY = "playground-key"
 QUESTION = "What is the capital of France?"  # what the browser's microphone asks

@@ -19,7 +19,7 @@ from omnistage.families.wan.shapes import DEMO_SHAPES_PIPELINE
 from omnistage.serving.limits import effective_limits
 from omnistage.serving.settings import ServerSettings
 from tests.playground.conftest import API_KEY
-from tests.polling import wait_until
+from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.e2e
 

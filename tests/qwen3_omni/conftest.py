@@ -13,8 +13,8 @@ from omnistage.families.qwen3_omni.checkpoint import qwen3_omni_dir
 from omnistage.families.qwen3_omni.pipeline import QWEN3_OMNI
 from omnistage.outputs import StageOutput, StageResult
 from omnistage.runtime.stage_process import create_engine
-from tests import stage_chain
 from tests.qwen3_omni.reference import load_reference_model, run_reference
+from tests.support import stage_chain
 
 THINKER_TOKENS = 10
 # The reference feeds back every talker token but the last, so N talker tokens give N - 1 frames;

@@ -12,7 +12,7 @@ import pytest
 import soundfile as sf
 
 from tests.qwen3_omni.conftest import FRAMES, PROMPTS, THINKER_TOKENS
-from tests.serving.server_process import ServerProcess
+from tests.support.server_process import ServerProcess
 
 pytestmark = pytest.mark.e2e
 MESSAGES = [{"role": "user", "content": PROMPTS["text"]}]

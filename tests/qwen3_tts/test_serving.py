@@ -18,9 +18,9 @@ import pytest
 import soundfile
 from websockets.sync.client import connect
 
-from tests.polling import wait_until
 from tests.qwen3_tts.reference_outputs import tiny_dir
-from tests.serving.server_process import ServerProcess
+from tests.support.polling import wait_until
+from tests.support.server_process import ServerProcess
 
 pytestmark = pytest.mark.engine
 

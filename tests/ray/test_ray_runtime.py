@@ -16,12 +16,12 @@ from omnistage.errors import StageDeadError, StageError, StartupTimeoutError
 from omnistage.families.llm.tiny import tiny_llm_dir
 from omnistage.families.qwen2_5_omni.tiny import qwen2_5_omni_dir
 from omnistage.serving.app import create_app
-from tests.omni.conftest import PROMPTS as OMNI_PROMPTS
-from tests.omni.conftest import greedy_params as omni_params
-from tests.polling import wait_until, wait_until_async
+from tests.qwen2_5_omni.conftest import PROMPTS as OMNI_PROMPTS
+from tests.qwen2_5_omni.conftest import greedy_params as omni_params
 from tests.ray.conftest import actor_states, pinned_overrides, ray
 from tests.reliability.stuck_loader import LOCK_VARIABLE
-from tests.runtime.toy_stages import open_gate, speech_pipeline
+from tests.support.polling import wait_until, wait_until_async
+from tests.support.toy_stages import open_gate, speech_pipeline
 
 pytestmark = pytest.mark.e2e
 

@@ -15,8 +15,8 @@ from omnistage.connectors.tcp import TcpConnector, drop, fetch, is_tcp_key
 from omnistage.errors import ConfigError
 from omnistage.outputs import StageOutput
 from omnistage.runtime.messages import Codec, Outputs
-from tests.polling import wait_until
-from tests.runtime.toy_stages import speech_pipeline
+from tests.support.polling import wait_until
+from tests.support.toy_stages import speech_pipeline
 
 pytestmark = pytest.mark.unit
 

@@ -1,7 +1,7 @@
-"""Realtime sessions run against the session's voice demo server (tests/voice_demo.py): the tiny Qwen2.5-Omni
-(it hears audio and answers in text and speech) and the demo's voice loop (Whisper tiny.en transcribes,
-SmolLM2 answers, the hibari voice speaks; the voice also speaks the questions), with a small session bound,
-input limit and idle timeout so the limits can be reached."""
+"""Realtime sessions run against the session's voice demo server (tests/support/voice_demo.py): the tiny
+Qwen2.5-Omni (it hears audio and answers in text and speech) and the demo's voice loop (Whisper tiny.en
+transcribes, SmolLM2 answers, the hibari voice speaks; the voice also speaks the questions), with a small
+session bound, input limit and idle timeout so the limits can be reached."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import pytest
 import soundfile as sf
 from openai import OpenAI
 
-from tests.serving.server_process import ServerProcess
-from tests.voice_demo import CHAT, IDLE_S, MAX_AUDIO_S, MAX_SESSIONS, OMNI, VOICE, WHISPER
+from tests.support.server_process import ServerProcess
+from tests.support.voice_demo import CHAT, IDLE_S, MAX_AUDIO_S, MAX_SESSIONS, OMNI, VOICE, WHISPER
 
 __all__ = ["CHAT", "IDLE_S", "MAX_AUDIO_S", "MAX_SESSIONS", "OMNI", "VOICE", "WHISPER"]
 RATE = 24000

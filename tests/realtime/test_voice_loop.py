@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from openai import OpenAI
 
-from tests.asr import wer
 from tests.realtime.conftest import CHAT, RATE, WHISPER, chunks, recv_until, spoken_turn, wav_bytes
 from tests.speech.stages import wait_idle
+from tests.support.asr import wer
 
 pytestmark = pytest.mark.e2e
 ANSWER_TOKENS = 24

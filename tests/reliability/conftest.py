@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.polling import wait_until
 from tests.reliability.leftovers import MARK_VARIABLE, new_mark, processes_marked, segments_of
-from tests.serving.server_process import ServerProcess, children
+from tests.support.polling import wait_until
+from tests.support.server_process import ServerProcess, children
 
 CHAT = "smollm2-135m-instruct"
 VOICE = "hibari-en"

@@ -10,8 +10,8 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
-from tests.polling import wait_until
 from tests.reliability.conftest import CHAT, VOICE, held, wait_all_free
+from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.e2e
 STORY = [{"role": "user", "content": "Tell me a very long story about a lighthouse keeper."}]

@@ -12,7 +12,6 @@ import threading
 import httpx
 import pytest
 
-from tests.polling import wait_until
 from tests.reliability.conftest import (
     CHAT,
     SHAPES,
@@ -21,6 +20,7 @@ from tests.reliability.conftest import (
     wait_all_free,
     wait_serving,
 )
+from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.e2e
 LONG_TEXT = " ".join(

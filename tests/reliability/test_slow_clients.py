@@ -14,8 +14,8 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
-from tests.polling import wait_until
 from tests.reliability.conftest import BODY_TIMEOUT_S, VOICE, wait_all_free
+from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.e2e
 LONG_TEXT = " ".join(

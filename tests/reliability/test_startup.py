@@ -15,10 +15,10 @@ import pytest
 from omnistage import AsyncOmni
 from omnistage.errors import StartupTimeoutError
 from omnistage.families.llm.tiny import tiny_llm_dir
-from tests.polling import wait_until
 from tests.reliability.leftovers import MARK_VARIABLE, new_mark, processes_marked, segments_of
 from tests.reliability.stuck_loader import LOCK_VARIABLE
-from tests.serving.server_process import REPO, ServerProcess, free_port
+from tests.support.polling import wait_until
+from tests.support.server_process import REPO, ServerProcess, free_port
 
 pytestmark = pytest.mark.e2e
 STUCK = "tests.reliability.stuck_loader:wait_on_stale_lock"

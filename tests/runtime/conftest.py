@@ -1,7 +1,7 @@
 import pytest
 
 from omnistage import AsyncOmni
-from tests.runtime.toy_stages import speech_pipeline
+from tests.support.toy_stages import speech_pipeline
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import pytest
 from omnistage.config.deploy import resolve_deploy
 from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
 from omnistage.errors import ConfigError, InvalidRequestError
-from tests.runtime.toy_stages import fan_in_pipeline, speech_pipeline
+from tests.support.toy_stages import fan_in_pipeline, speech_pipeline
 
 pytestmark = pytest.mark.unit
 

@@ -15,7 +15,7 @@ from omnistage.families.hibari.pipeline import HIBARI_TTS
 from omnistage.families.llm.pipeline import LLM_PIPELINE
 from omnistage.families.llm.tiny import tiny_llm_dir
 from omnistage.stages.engine_args import check_engine_args
-from tests.serving.server_process import REPO
+from tests.support.server_process import REPO
 
 pytestmark = pytest.mark.unit
 

@@ -7,7 +7,7 @@ from omnistage.config.deploy import StageDeploy
 from omnistage.config.pipeline import StageKind, StageSpec
 from omnistage.stages.base import EngineContext, StageRequest
 from omnistage.stages.generation.engine import GenerationEngine, create_engine
-from tests.runtime.toy_stages import ToyVocoder
+from tests.support.toy_stages import ToyVocoder
 
 pytestmark = pytest.mark.engine
 
@@ -79,7 +79,7 @@ def test_factory_reads_engine_args():
         stage_id=0,
         max_num_seqs=3,
         engine_args={
-            "generator": "tests.runtime.toy_stages:make_vocoder",
+            "generator": "tests.support.toy_stages:make_vocoder",
             "chunk_size": 4,
             "left_context": 2,
         },

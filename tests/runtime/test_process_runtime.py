@@ -16,8 +16,8 @@ from omnistage import AsyncOmni, Omni, SamplingParams
 from omnistage.connectors.shm import live_segments
 from omnistage.errors import InvalidRequestError, OverloadedError, StageDeadError, StageError
 from omnistage.serving.app import create_app
-from tests.polling import wait_until, wait_until_async
-from tests.runtime.toy_stages import ToyVocoder, fan_in_pipeline, open_gate, speech_pipeline
+from tests.support.polling import wait_until, wait_until_async
+from tests.support.toy_stages import ToyVocoder, fan_in_pipeline, open_gate, speech_pipeline
 
 pytestmark = pytest.mark.e2e
 
@@ -199,7 +199,7 @@ def test_killing_the_parent_leaves_no_stage_process(tmp_path: Path):
         import signal, sys
         sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
         from omnistage import AsyncOmni
-        from tests.runtime.toy_stages import speech_pipeline
+        from tests.support.toy_stages import speech_pipeline
         omni = AsyncOmni(speech_pipeline())
         pids = [r["pid"] for s in omni.health()["stages"] for r in s["replicas"]]
         print(" ".join(map(str, pids)), flush=True)

@@ -22,7 +22,7 @@ from omnistage.runtime.stage_board import HOLD_S, BoardSeat, StageBoard
 from omnistage.runtime.stage_process import StageWorker
 from omnistage.stages.base import StageRequest
 from omnistage.stages.generation.engine import GenerationEngine
-from tests.runtime.toy_stages import ToyVocoder, speech_pipeline
+from tests.support.toy_stages import ToyVocoder, speech_pipeline
 
 VOCODER = StageSpec(0, "voc", StageKind.GENERATION, final_output=True, output_modality="audio")
 

@@ -23,7 +23,7 @@ from omnistage.runtime.messages import (
 from omnistage.runtime.stage_client import ProcessStageClient, QueueInbox
 from omnistage.runtime.stage_process import serve_stage
 from omnistage.stages.generation.engine import GenerationEngine
-from tests.runtime.toy_stages import ToyVocoder, speech_pipeline
+from tests.support.toy_stages import ToyVocoder, speech_pipeline
 
 pytestmark = pytest.mark.unit
 

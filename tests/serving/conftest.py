@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.serving.server_process import ServerProcess, toy_server_args
+from tests.support.server_process import ServerProcess, toy_server_args
 
 API_KEY = "test-key"
 MAX_IMAGE_PIXELS = 64 * 64
@@ -76,7 +76,7 @@ class Reference:
 
     def run(self, name: str, prompt, params=None, modalities=None):
         from omnistage import Omni
-        from tests.serving.toy_pipelines import PIPELINES
+        from tests.support.toy_pipelines import PIPELINES
 
         if name not in self._omnis:
             self._omnis[name] = Omni(PIPELINES[name](), placement="inline")

@@ -19,8 +19,8 @@ from omnistage.config.pipeline import PipelineSpec, StageSpec
 from omnistage.serving.app import create_app
 from omnistage.serving.settings import ServerSettings
 from omnistage.stages.base import StageInputContext, StageRequest
-from tests.runtime.toy_stages import GEN, make_map, make_vocoder, tokens_chunk, tokens_to_map_request
-from tests.serving.toy_pipelines import make_chat
+from tests.support.toy_pipelines import make_chat
+from tests.support.toy_stages import GEN, make_map, make_vocoder, tokens_chunk, tokens_to_map_request
 
 pytestmark = pytest.mark.e2e
 VOICES = ("alice", "ethan")  # their last bytes lead the toy LM to different tokens

@@ -8,9 +8,9 @@ import httpx
 import openai
 import pytest
 
-from tests.polling import wait_until
-from tests.runtime.toy_stages import open_gate
 from tests.serving.conftest import API_KEY
+from tests.support.polling import wait_until
+from tests.support.toy_stages import open_gate
 
 pytestmark = pytest.mark.e2e
 # held before its last step at a gate never opened: in flight until the test ends it

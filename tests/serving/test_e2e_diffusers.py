@@ -12,7 +12,7 @@ import soundfile as sf
 from PIL import Image
 
 from omnistage.serving import media
-from tests.polling import wait_until
+from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -11,8 +11,8 @@ from PIL import Image
 from omnistage.media import encode_image, encode_video
 from omnistage.params import DiffusionParams
 from omnistage.serving import media
-from tests.polling import wait_until
-from tests.runtime.toy_stages import open_gate
+from tests.support.polling import wait_until
+from tests.support.toy_stages import open_gate
 
 pytestmark = pytest.mark.e2e
 

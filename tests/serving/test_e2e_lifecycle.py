@@ -9,9 +9,9 @@ import httpx
 import pytest
 
 from omnistage.connectors.shm import live_segments
-from tests.polling import wait_until
-from tests.runtime.toy_stages import open_gate
-from tests.serving.server_process import ServerProcess, toy_server_args
+from tests.support.polling import wait_until
+from tests.support.server_process import ServerProcess, toy_server_args
+from tests.support.toy_stages import open_gate
 
 pytestmark = pytest.mark.e2e
 

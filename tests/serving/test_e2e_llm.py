@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, settings
 
 from omnistage.families.llm.tiny import tiny_llm_dir
 from omnistage.params import SamplingParams
-from tests.serving.server_process import ServerProcess
+from tests.support.server_process import ServerProcess
 
 pytestmark = pytest.mark.e2e
 MAX_MODEL_LEN = 96

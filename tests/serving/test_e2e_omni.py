@@ -11,7 +11,7 @@ import pytest
 import soundfile as sf
 
 from omnistage.params import GenerationParams, SamplingParams
-from tests.serving.server_process import ServerProcess
+from tests.support.server_process import ServerProcess
 
 pytestmark = pytest.mark.e2e
 DEPLOY = "omnistage/families/qwen2_5_omni/qwen2_5_omni_inline.yaml"  # one process: three stage threads

@@ -114,7 +114,7 @@ def test_upload_and_audio_limits_of_a_toy_family(tmp_path):
     import dataclasses
 
     from omnistage.config.capabilities import Capabilities, Limits
-    from tests.serving.toy_pipelines import image_pipeline
+    from tests.support.toy_pipelines import image_pipeline
 
     caps = Capabilities(
         routes=("chat", "images"),

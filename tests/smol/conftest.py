@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from omnistage.demo.smollm import smollm2_dir, smollm2_gguf
-from tests.serving.server_process import ServerProcess
+from tests.support.server_process import ServerProcess
 
 
 @pytest.fixture(scope="session")

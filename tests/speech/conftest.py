@@ -1,5 +1,5 @@
-"""The speech tests' server: the session's voice demo server (tests/voice_demo.py), which serves the voice
-(`hibari-en`) and the chat model that speaks its answers (`smollm2-135m-instruct`: SmolLM2 → the voice)
+"""The speech tests' server: the session's voice demo server (tests/support/voice_demo.py), which serves the
+voice (`hibari-en`) and the chat model that speaks its answers (`smollm2-135m-instruct`: SmolLM2 → the voice)
 among others. `speech_server_args` starts a server of just those two (the restart tests' own)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from tests.serving.server_process import ServerProcess
+from tests.support.server_process import ServerProcess
 
 VOICE_MODEL = "hibari-en"
 CHAT_MODEL = "smollm2-135m-instruct"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from tests.polling import wait_until
+from tests.support.polling import wait_until
 
 
 def metric(http: httpx.Client, name: str, **labels: str) -> float:

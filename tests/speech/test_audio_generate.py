@@ -14,8 +14,8 @@ import soundfile as sf
 import torch
 
 from omnistage.serving.media import pcm16
-from tests.serving.server_process import ServerProcess
 from tests.speech.stages import wait_idle
+from tests.support.server_process import ServerProcess
 
 pytestmark = pytest.mark.e2e
 NAME = "tiny-stable-audio"

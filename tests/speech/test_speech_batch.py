@@ -9,9 +9,9 @@ import socket
 
 import pytest
 
-from tests.polling import wait_until
 from tests.speech.conftest import VOICE_MODEL
 from tests.speech.stages import aborted, in_stages, wait_idle
+from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.e2e
 

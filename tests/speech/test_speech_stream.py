@@ -14,10 +14,10 @@ import soundfile as sf
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from tests.asr import transcribe, word_errors
-from tests.polling import wait_until
 from tests.speech.conftest import VOICE_MODEL
 from tests.speech.stages import aborted, in_stages, wait_idle
+from tests.support.asr import transcribe, word_errors
+from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.e2e
 UTTERANCES = [

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import soundfile
 
-from tests.asr import transcribe, word_errors
-from tests.polling import wait_until
 from tests.speech.conftest import CHAT_MODEL, VOICE_MODEL
 from tests.speech.stages import aborted, wait_idle
+from tests.support.asr import transcribe, word_errors
+from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.e2e
 

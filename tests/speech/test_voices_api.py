@@ -11,10 +11,10 @@ import pytest
 from safetensors import safe_open
 
 from omnistage.serving.media import decode_audio
-from tests.serving.server_process import ServerProcess
 from tests.speech.conftest import CHAT_MODEL, VOICE_MODEL
 from tests.speech.stages import wait_idle
-from tests.voice_demo import WHISPER
+from tests.support.server_process import ServerProcess
+from tests.support.voice_demo import WHISPER
 
 pytestmark = pytest.mark.e2e
 OPENAI_VOICES = {

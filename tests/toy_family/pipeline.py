@@ -10,7 +10,7 @@ import torch
 from omnistage.config.capabilities import Capabilities, Limits, SpeechOption
 from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
 from omnistage.stages.base import StageInputContext, StageRequest
-from tests.runtime.toy_stages import VOCAB
+from tests.support.toy_stages import VOCAB
 from tests.toy_family import FAMILY
 
 SHIFT = SpeechOption(
@@ -65,7 +65,7 @@ TOY_SPEAKER = PipelineSpec(
             final_output=True,
             output_modality="audio",
             input_processor=vocoder_input,
-            engine_args={"generator": "tests.runtime.toy_stages:make_vocoder", "outputs_per_frame": 200},
+            engine_args={"generator": "tests.support.toy_stages:make_vocoder", "outputs_per_frame": 200},
         ),
     ),
     family=FAMILY,

@@ -19,8 +19,8 @@ from PIL import Image
 
 from omnistage import Omni, SamplingParams
 from omnistage.families.llm.tiny import tiny_llm_dir
-from tests.runtime.toy_stages import VOCAB, ToyVocoder
-from tests.serving.server_process import ServerProcess
+from tests.support.server_process import ServerProcess
+from tests.support.toy_stages import VOCAB, ToyVocoder
 from tests.toy_family.diffusion import toy_sd_dir
 from tests.toy_family.pipeline import TOY_SD, TOY_SPEAKER
 

@@ -15,7 +15,7 @@ from omnistage.cache import cached_dir
 from omnistage.demo.whisper import tiny_en_ct2_dir
 
 RATE = 16000
-SENTENCES = list(SPOKEN_SENTENCES)  # plain words: tests/asr.py's `words` is the whole normaliser
+SENTENCES = list(SPOKEN_SENTENCES)  # plain words: tests/support/asr.py's `words` is the whole normaliser
 
 
 def _build_random(path: Path) -> None:

@@ -15,7 +15,7 @@ from omnistage.families.whisper.encoder import WhisperEncoderGenerator, as_segme
 from omnistage.families.whisper.pipeline import WHISPER_EN, transcription_prompt
 from omnistage.stages.ar.engine import AREngine
 from omnistage.stages.base import EngineContext, StageRequest
-from tests.asr import word_errors
+from tests.support.asr import word_errors
 from tests.whisper.helpers import RATE, SENTENCES, Reference, clip, random_whisper_dir
 
 pytestmark = pytest.mark.engine
@@ -125,7 +125,7 @@ def test_previous_text_prompt_decodes_as_transformers_prompt_ids(tiny_en):
 
 
 def test_demo_transcribes_hibari_speech_with_low_word_error_rate(tiny_en_outputs):
-    """Normaliser: lower case, words of letters and apostrophes (tests/asr.py `words`)."""
+    """Normaliser: lower case, words of letters and apostrophes (tests/support/asr.py `words`)."""
     errors = [word_errors(ref, out.text) for ref, out in zip(SENTENCES, tiny_en_outputs, strict=True)]
     wer = sum(e for e, _ in errors) / sum(n for _, n in errors)
     assert wer <= 0.2, [o.text for o in tiny_en_outputs]

@@ -18,8 +18,8 @@ from openai import OpenAI
 from omnistage.bench.wer import corpus_wer
 from omnistage.demo.whisper import NAME
 from omnistage.serving.media import encode_audio
-from tests.asr import words
-from tests.serving.server_process import ServerProcess
+from tests.support.asr import words
+from tests.support.server_process import ServerProcess
 from tests.whisper.helpers import RATE, SENTENCES, clip
 
 pytestmark = pytest.mark.e2e
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def server(voice_demo_server: ServerProcess) -> ServerProcess:
-    """The session's voice demo server (tests/voice_demo.py): tiny.en among the speaking models."""
+    """The session's voice demo server (tests/support/voice_demo.py): tiny.en among the speaking models."""
     return voice_demo_server
 
 

@@ -3,7 +3,7 @@
 - `hibari_tts`: one generation stage speaks the request's text (`/v1/audio/speech`).
 - `spoken_chat`: an LLM (AR) answers in text; with `modalities` asking for audio, the voice speaks the
   answer. In async chunk (the default deploy) the LLM's text reaches the voice unit by unit (a first clause,
-  then sentences: models/hibari/units.py) while the LLM is still writing, so the first audio comes after the
+  then sentences: units.py) while the LLM is still writing, so the first audio comes after the
   first clause instead of after the whole answer; full handoff speaks the finished answer.
   A text-only request never enters the voice stage.
 

@@ -4,7 +4,7 @@
   embeddings and multimodal RoPE positions (in the thinker's process, where its encoders live); it answers
   in text and returns its hidden states for the talker.
 - Stage 1, talker: the thinker's prompt and reply become the talker's inputs exactly as
-  `Qwen2_5OmniForConditionalGeneration.generate` builds them (models/qwen2_5_omni/talker.py), once the
+  `Qwen2_5OmniForConditionalGeneration.generate` builds them (talker.py), once the
   thinker has finished (full handoff) or row by row while it writes (async chunk); it samples
   speech codec tokens with the reference's constraints (codec BOS suppressed, codec pad/end stop it) and
   the chosen speaker's text BOS (`prompt["speaker"]`, default Chelsie).
@@ -25,9 +25,10 @@ import msgspec
 import torch
 
 from omnistage.config.capabilities import Capabilities
-from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
+from omnistage.config.pipeline import PipelineSpec
 from omnistage.errors import InvalidRequestError
 from omnistage.families.resolve import ModelInfo
+from omnistage.families.shared.omni_topology import OmniParts, omni_stages, thinker_stage
 from omnistage.outputs import StageOutput
 from omnistage.params import GenerationParams
 from omnistage.stages.base import StageInputContext, StageRequest
@@ -139,49 +140,23 @@ def _code2wav_params(ctx: StageInputContext) -> GenerationParams:
 # ---- topology --------------------------------------------------------------------------------------------
 
 
-def _thinker(**extra: Any) -> StageSpec:
-    return StageSpec(
-        stage_id=0,
-        name="thinker",
-        kind=StageKind.AR,
-        final_output=True,
-        output_modality="text",
-        input_processor=thinker_input,
-        engine_args={"model_loader": f"{_MODELS}.loaders:load_thinker"},
-        **extra,
-    )
-
-
-SPEECH_STAGES = (
-    # The talker is built from the thinker's last-layer hidden states.
-    _thinker(sampling_constraints={"return_hidden_states": True}),
-    StageSpec(
-        stage_id=1,
-        name="talker",
-        kind=StageKind.AR,
-        inputs=(0,),
-        input_processor=talker_input,
-        chunk_processor=talker_chunk,
-        sampling_constraints={"detokenize": False},
-        default_params=TALKER_DEFAULTS,
-        engine_args={
-            "model_loader": f"{_MODELS}.loaders:load_talker",
-            "step_embed_hook": f"{_MODELS}.talker:add_thinker_reply",
-            "step_ready_hook": f"{_MODELS}.talker:thinker_reply_ready",
-        },
-    ),
-    StageSpec(
-        stage_id=2,
-        name="code2wav",
-        kind=StageKind.GENERATION,
-        inputs=(1,),
-        final_output=True,
-        output_modality="audio",
-        input_processor=code2wav_input,
-        chunk_processor=code2wav_chunk,
-        engine=f"{_MODELS}.token2wav:create_engine",
-    ),
+PARTS = OmniParts(
+    thinker_input=thinker_input,
+    thinker_args={"model_loader": f"{_MODELS}.loaders:load_thinker"},
+    thinker_constraints={"return_hidden_states": True},  # the talker is built from its last layer
+    talker_input=talker_input,
+    talker_chunk=talker_chunk,
+    talker_args={
+        "model_loader": f"{_MODELS}.loaders:load_talker",
+        "step_embed_hook": f"{_MODELS}.talker:add_thinker_reply",
+        "step_ready_hook": f"{_MODELS}.talker:thinker_reply_ready",
+    },
+    talker_defaults=TALKER_DEFAULTS,
+    code2wav_input=code2wav_input,
+    code2wav_chunk=code2wav_chunk,
+    code2wav_engine=f"{_MODELS}.token2wav:create_engine",
 )
+SPEECH_STAGES = omni_stages(PARTS)
 
 # Request sampling fields drive the thinker (the talker keeps TALKER_DEFAULTS unless `stage_params[1]`
 # names a field); the seed reaches code2wav. The speakers are the checkpoint's (checked by the thinker).
@@ -209,7 +184,7 @@ QWEN2_5_OMNI = PipelineSpec(
 )
 QWEN2_5_OMNI_THINKER_ONLY = PipelineSpec(
     name="qwen2_5_omni_thinker_only",
-    stages=(_thinker(),),
+    stages=(thinker_stage(PARTS),),
     family=FAMILY,
     capabilities=Capabilities(routes=("chat", "completions"), prompt="chat", fields={"sampling": (0,)}),
 )

@@ -2,10 +2,10 @@
 
 - Stage 0, thinker: the real processor turns text, audio, images and videos into token ids, merged
   embeddings, interleaved multimodal RoPE positions and DeepStack vision features
-  (models/qwen3_omni/thinker.py); it answers in text and, for a prompt with media, returns its hidden
+  (thinker.py); it answers in text and, for a prompt with media, returns its hidden
   layer `accept_hidden_layer` (the talker projects the media positions from it; a text prompt needs none).
 - Stage 1, talker: its prompt is cut out of the thinker's prompt and reply exactly as
-  `Qwen3OmniMoeForConditionalGeneration.generate` does (models/qwen3_omni/talker.py); each step samples
+  `Qwen3OmniMoeForConditionalGeneration.generate` does (talker.py); each step samples
   codebook 0, the post-sample hook runs the code predictor for the other 15 (one frame per step) and the
   step hook adds the next text row. Async chunk: it starts once the thinker has two tokens out.
 - Stage 2, code2wav: 16-codebook frames → 24 kHz audio, chunk by chunk with left context (async chunk, the
@@ -24,8 +24,9 @@ import msgspec
 import torch
 
 from omnistage.config.capabilities import Capabilities
-from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
+from omnistage.config.pipeline import PipelineSpec
 from omnistage.families.resolve import ModelInfo
+from omnistage.families.shared.omni_topology import OmniParts, omni_stages, thinker_stage
 from omnistage.outputs import StageOutput
 from omnistage.params import SamplingParams
 from omnistage.stages.ar.cpu.layer_forms import LayerForm
@@ -151,48 +152,23 @@ def code2wav_chunk(ctx: StageInputContext, chunk: StageOutput, last: bool) -> St
 
 
 # ---- topology --------------------------------------------------------------------------------------------
-def _thinker() -> StageSpec:
-    return StageSpec(
-        stage_id=0,
-        name="thinker",
-        kind=StageKind.AR,
-        final_output=True,
-        output_modality="text",
-        input_processor=thinker_input,
-        engine_args={"model_loader": f"{_MODELS}.loaders:load_thinker"},
-    )
-
-
-SPEECH_STAGES = (
-    _thinker(),
-    StageSpec(
-        stage_id=1,
-        name="talker",
-        kind=StageKind.AR,
-        inputs=(0,),
-        input_processor=talker_input,
-        chunk_processor=talker_chunk,
-        sampling_constraints={"detokenize": False},
-        default_params=TALKER_DEFAULTS,
-        engine_args={
-            "model_loader": f"{_MODELS}.loaders:load_talker",
-            "post_sample_hook": f"{_MODELS}.talker:predict_codes",
-            "step_embed_hook": f"{_MODELS}.talker:add_text_row",
-            "step_ready_hook": f"{_MODELS}.talker:text_row_ready",
-        },
-    ),
-    StageSpec(
-        stage_id=2,
-        name="code2wav",
-        kind=StageKind.GENERATION,
-        inputs=(1,),
-        final_output=True,
-        output_modality="audio",
-        input_processor=code2wav_input,
-        chunk_processor=code2wav_chunk,
-        engine=f"{_MODELS}.code2wav:create_engine",
-    ),
+PARTS = OmniParts(
+    thinker_input=thinker_input,
+    thinker_args={"model_loader": f"{_MODELS}.loaders:load_thinker"},
+    talker_input=talker_input,
+    talker_chunk=talker_chunk,
+    talker_args={
+        "model_loader": f"{_MODELS}.loaders:load_talker",
+        "post_sample_hook": f"{_MODELS}.talker:predict_codes",
+        "step_embed_hook": f"{_MODELS}.talker:add_text_row",
+        "step_ready_hook": f"{_MODELS}.talker:text_row_ready",
+    },
+    talker_defaults=TALKER_DEFAULTS,
+    code2wav_input=code2wav_input,
+    code2wav_chunk=code2wav_chunk,
+    code2wav_engine=f"{_MODELS}.code2wav:create_engine",
 )
+SPEECH_STAGES = omni_stages(PARTS)
 
 
 def checkpoint_speakers(model_dir: str) -> list[str]:
@@ -218,7 +194,7 @@ QWEN3_OMNI = PipelineSpec(
 )
 QWEN3_OMNI_THINKER_ONLY = PipelineSpec(
     name="qwen3_omni_thinker_only",
-    stages=(_thinker(),),
+    stages=(thinker_stage(PARTS),),
     family=FAMILY,
     capabilities=Capabilities(routes=("chat", "completions"), prompt="chat", fields={"sampling": (0,)}),
 )

@@ -1,8 +1,8 @@
 """Qwen3-TTS (12 Hz): text → talker codes (16 codebooks a frame) → 24 kHz waveform.
 
 Stage 0, the talker, runs on the AR engine; its code predictor runs in the post-sample hook, batched over
-the step's sequences, so each step yields a whole frame (models/qwen3_tts/talker.py). Stage 1, the codec
-decoder, runs on the generation engine (models/qwen3_tts/decoder_stage.py): in async chunk it decodes the
+the step's sequences, so each step yields a whole frame (talker.py). Stage 1, the codec
+decoder, runs on the generation engine (decoder_stage.py): in async chunk it decodes the
 frames as they come, in full handoff once the talker is done, exactly as the reference.
 
 Tasks follow the checkpoint's `tts_model_type`: CustomVoice (`custom_voice`: a preset `voice`, optional

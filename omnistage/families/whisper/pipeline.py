@@ -13,11 +13,11 @@ How to use:
 
 Stages:
 - 0 `encoder` (generation engine): audio up to 30 s is one segment, longer audio is cut at silero VAD's
-  pauses into segments of <= 30 s (models/whisper/segments.py); log-mel features and the encoder run
+  pauses into segments of <= 30 s (segments.py); log-mel features and the encoder run
   batched over every segment of every request in a pass.
 - 1 `decoder` (AR engine): one sequence per segment, each attending its own encoder output (the AR
   engine's encoder-decoder seam: cross K/V projected once per sequence at admission); the forced prompt
-  and suppressed tokens are the GenerationConfig's (models/whisper/decoding.py).
+  and suppressed tokens are the GenerationConfig's (decoding.py).
 """
 
 from __future__ import annotations

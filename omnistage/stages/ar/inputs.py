@@ -39,17 +39,18 @@ class InputRules:
 
 
 def make_params(given: Any, rules: InputRules) -> SamplingParams:
-    """A SamplingParams as given (the API has layered it already), or a dict of fields (or None) layered
-    over the stage defaults; the stage's constraints on top."""
+    """A SamplingParams as given: requests through the runtime arrive layered (api.StageParamsResolver:
+    defaults < deploy < request, constraints on top), and are not layered again. Only a dict of fields (or
+    None), as a processor or a direct engine user may give, is layered here, once, the same way."""
     if given is not None and not isinstance(given, dict | SamplingParams):
         raise InvalidRequestError(
             f"params must be SamplingParams for an AR stage, got {type(given).__name__}", param="params"
         )
-    if not isinstance(given, SamplingParams):
-        given = layer_params(SamplingParams, rules.default_params, given)
     params = given
-    if rules.constraints:
-        params = apply_constraints(params, rules.constraints)
+    if not isinstance(params, SamplingParams):
+        params = layer_params(SamplingParams, rules.default_params, given)
+        if rules.constraints:
+            params = apply_constraints(params, rules.constraints)
     bad = [t for t in params.allowed_token_ids or [] if not 0 <= t < rules.vocab_size]
     if bad or params.allowed_token_ids == []:
         raise InvalidRequestError(

@@ -189,14 +189,12 @@ class DiffusionEngine:
                 "prompt must be a string (or a dict with a 'prompt' string)", param="prompt"
             )
         params = request.params
-        if isinstance(params, dict):
-            params = msgspec.convert(params, DiffusionParams)
-        params = params or DiffusionParams()
-        if not isinstance(params, DiffusionParams):
+        if params is not None and not isinstance(params, dict | DiffusionParams):
             raise InvalidRequestError(
                 f"params must be DiffusionParams, got {type(params).__name__}", param="params"
             )
-        params = self._with_stage_defaults(params)
+        if not isinstance(params, DiffusionParams):  # typed params arrive layered (api.StageParamsResolver)
+            params = self._with_stage_defaults(msgspec.convert(params or {}, DiffusionParams))
         if params.negative_prompt is None and negative is not None:
             params = msgspec.structs.replace(params, negative_prompt=negative)
         images = [media.decode_image(i) for i in (params.image or images)]
@@ -206,7 +204,8 @@ class DiffusionEngine:
         )
 
     def _with_stage_defaults(self, params: DiffusionParams) -> DiffusionParams:
-        """The deploy's default_params under the request's fields (`layer_params`: the one rule)."""
+        """The deploy's default_params under the fields of a request that came untyped (`layer_params`: the
+        one rule, applied once: requests through the runtime arrive layered)."""
         return layer_params(DiffusionParams, self.default_params, params) if self.default_params else params
 
     # ---- request mode

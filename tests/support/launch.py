@@ -1,6 +1,6 @@
 """Run a real omnistage server process on the toy pipelines (what `omnistage serve` does for model dirs).
 
-python -m tests.serving.launch --port 8123 --models toy-omni,toy-image [--api-key K] [--storage-dir D]
+python -m tests.support.launch --port 8123 --models toy-omni,toy-image [--api-key K] [--storage-dir D]
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import signal
 
 from omnistage.serving.cli_args import add_server_args, settings_from_args
 from omnistage.serving.server import serve
-from tests.serving.toy_pipelines import PIPELINES
+from tests.support.toy_pipelines import PIPELINES
 
 
 def main() -> None:

@@ -4,7 +4,7 @@ They stand in for model families that have not landed yet (the runtime supports 
 a chat+speech pipeline (the runtime's toy AR stage → code mapper → generation-engine vocoder), and toy
 diffusion-kind stages that denoise a latent with a seeded conv for `num_inference_steps` steps, report
 progress per step and decode to images or a video. Every output is computed by the modules, never fixed.
-A prompt naming a gate (`HOLD:<name>`, tests/runtime/toy_stages.py) holds its request before its last
+A prompt naming a gate (`HOLD:<name>`, tests/support/toy_stages.py) holds its request before its last
 output until the test opens the gate: how a server test keeps a request in flight for as long as it needs.
 """
 
@@ -22,8 +22,8 @@ from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
 from omnistage.outputs import Progress, StageOutput
 from omnistage.params import DiffusionParams
 from omnistage.stages.base import EngineContext, StageInputContext, StageRequest
-from tests.runtime.toy_stages import GEN, gate_of, make_map, make_vocoder, tokens_chunk, tokens_to_map_request
-from tests.runtime.toy_stages import ToyAREngine as _RuntimeToyAR
+from tests.support.toy_stages import GEN, gate_of, make_map, make_vocoder, tokens_chunk, tokens_to_map_request
+from tests.support.toy_stages import ToyAREngine as _RuntimeToyAR
 
 MAX_MODEL_LEN = 48  # like a real engine's context limit: generation stops there, whatever max_tokens says
 

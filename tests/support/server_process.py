@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.polling import wait_until
+from tests.support.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -49,14 +49,14 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """`python -m tests.serving.launch` (toy pipelines) or `python -m omnistage serve` (model dirs)."""
+    """`python -m tests.support.launch` (toy pipelines) or `python -m omnistage serve` (model dirs)."""
 
     def __init__(
         self,
         args: list[str],
         log_path: Path,
         *,
-        module: str = "tests.serving.launch",
+        module: str = "tests.support.launch",
         env: dict | None = None,
     ):
         self.port = free_port()

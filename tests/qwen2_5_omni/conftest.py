@@ -16,7 +16,7 @@ import torch
 from omnistage import GenerationParams, SamplingParams
 from omnistage.families.qwen2_5_omni.processor import load_processor
 from omnistage.families.qwen2_5_omni.tiny import qwen2_5_omni_dir
-from tests.omni.omni_reference import load_reference_model, run_reference
+from tests.qwen2_5_omni.omni_reference import load_reference_model, run_reference
 
 THINKER_TOKENS = 10
 TALKER_TOKENS = 60  # 60 codes = 28,800 samples: several 24-code chunks in async-chunk mode

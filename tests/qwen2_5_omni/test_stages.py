@@ -8,8 +8,8 @@ from omnistage.config.deploy import resolve_deploy
 from omnistage.families.qwen2_5_omni.pipeline import QWEN2_5_OMNI
 from omnistage.outputs import StageOutput, StageResult
 from omnistage.runtime.stage_process import create_engine
-from tests import stage_chain
-from tests.omni.conftest import PROMPTS, assert_async_audio_close, greedy_params
+from tests.qwen2_5_omni.conftest import PROMPTS, assert_async_audio_close, greedy_params
+from tests.support import stage_chain
 
 pytestmark = pytest.mark.engine
 

@@ -16,7 +16,7 @@ from omnistage.families.qwen2_5_omni.token2wav import (
 )
 from omnistage.params import GenerationParams
 from omnistage.stages.base import EngineContext, StageRequest
-from tests.omni.conftest import ASYNC_TOLERANCE, assert_async_audio_close, first_chunk_samples
+from tests.qwen2_5_omni.conftest import ASYNC_TOLERANCE, assert_async_audio_close, first_chunk_samples
 
 pytestmark = pytest.mark.engine
 CODE2WAV = QWEN2_5_OMNI.stage(2)

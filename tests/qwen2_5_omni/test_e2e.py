@@ -4,7 +4,7 @@ import pytest
 
 from omnistage import AsyncOmni, SamplingParams
 from omnistage.errors import StageError
-from tests.omni.conftest import PROMPTS, assert_async_audio_close, greedy_params
+from tests.qwen2_5_omni.conftest import PROMPTS, assert_async_audio_close, greedy_params
 
 pytestmark = pytest.mark.e2e
 
