@@ -26,7 +26,7 @@ import zmq
 import zmq.asyncio
 
 from omnistage.config.deploy import DeploySpec
-from omnistage.config.pipeline import PipelineSpec, StageSpec, ref_to_path
+from omnistage.config.pipeline import PipelineSpec, StageSpec
 from omnistage.connectors.base import Payload
 from omnistage.connectors.shm import ShmConnector, live_segments, sweep_stale_segments
 from omnistage.connectors.shm import release as release_segment
@@ -34,7 +34,6 @@ from omnistage.connectors.tcp import drop, fetch, is_tcp_key
 from omnistage.errors import OmniError, StageDeadError, StageError, StartupTimeoutError
 from omnistage.outputs import StageOutput, StageResult
 from omnistage.runtime.messages import (
-    INLINE_LIMIT,
     Abort,
     Call,
     CallResult,
@@ -47,11 +46,12 @@ from omnistage.runtime.messages import (
     StartupFailed,
     iter_payloads,
 )
-from omnistage.runtime.ray_client import RayStageClient, connect_ray, driver_ip, import_ray
+from omnistage.runtime.ray_client import connect_ray, driver_ip, import_ray
 from omnistage.runtime.request_state import RequestState, RequestStatus
 from omnistage.runtime.stage_board import BoardSeat, StageBoard
-from omnistage.runtime.stage_client import InlineStageClient, ProcessStageClient, StageClient
+from omnistage.runtime.stage_client import InlineStageClient, StageClient
 from omnistage.runtime.stage_pool import StagePool
+from omnistage.runtime.transport import Transport
 
 logger = logging.getLogger(__name__)
 RESTART_WINDOW_S = 600.0  # a replica is restarted at most its deploy's max_restarts times in this window
@@ -145,6 +145,17 @@ class Orchestrator:
             self.pull.bind(f"tcp://{driver_ip()}:*")  # the same PULL socket: actors send here
             self.ray_outbox = self.pull.getsockopt_string(zmq.LAST_ENDPOINT)
         self.codec = Codec(FromWorker, lazy=True)
+        self.transport = Transport(
+            self.pipeline,
+            self.deploy,
+            self.model_dir,
+            ipc_dir=self.ipc_dir,
+            zmq_context=self.zmq,
+            outbox=self.outbox,
+            ray_outbox=getattr(self, "ray_outbox", None),
+            on_message=self._on_message,
+            on_message_threadsafe=lambda m: self.loop.call_soon_threadsafe(self._on_message, m),
+        )
         self._tasks.append(asyncio.create_task(self._receive()))
         settings = [self.deploy.stage(spec.stage_id) for spec in self.pipeline.stages]
         if any(s.yield_to_first_outputs or s.solo_threads for s in settings):
@@ -189,73 +200,8 @@ class Orchestrator:
                 await asyncio.wait_for(self._changed.wait(), 0.2)
 
     def _make_client(self, spec: StageSpec, replica: int, slot: int) -> StageClient:
-        settings = self.deploy.stage(spec.stage_id)
-        stream = spec.final_output or any(
-            self.deploy.edge_async(self.pipeline, c.stage_id) for c in self.pipeline.consumers(spec.stage_id)
-        )
-        common = dict(
-            stage=spec,
-            deploy=settings,
-            replica=replica,
-            model_dir=self.model_dir,
-            stream_tensors=stream,
-            board_seat=BoardSeat(self.board.name, slot) if self.board else None,
-            family=ref_to_path(self.pipeline.family),
-        )
-        if settings.placement == "inline":
-            return InlineStageClient(
-                on_message=lambda m: self.loop.call_soon_threadsafe(self._on_message, m), **common
-            )
-        if settings.placement == "ray":
-            common["board_seat"] = None  # the board is shared memory: one host's
-            return RayStageClient(
-                on_message=self._on_message,
-                outbox=self.ray_outbox,
-                host=driver_ip(),
-                output_connector=self._output_connector(spec),
-                inline_limit=self._inline_limit(spec),
-                zmq_context=self.zmq,
-                **common,
-            )
-        return ProcessStageClient(
-            on_message=self._on_message,
-            ipc_dir=self.ipc_dir,
-            outbox=self.outbox,
-            owner_pid=os.getpid(),
-            output_connector=self._output_connector(spec),
-            input_connector=self._input_connector(spec),
-            zmq_context=self.zmq,
-            inline_limit=self._inline_limit(spec),
-            **common,
-        )
-
-    def _edge_type(self, src: int, dst: int) -> str:
-        return self.deploy.stage(dst).connector_from(src, self.deploy.connectors)["type"]
-
-    def _output_connector(self, spec: StageSpec) -> str:
-        """One per producer: TCP if any edge out of it asks for it; a Ray actor's outputs otherwise ride
-        in its frames (shared memory is one host's); a process's go through shared memory unless every edge
-        says socket."""
-        kinds = {self._edge_type(spec.stage_id, c.stage_id) for c in self.pipeline.consumers(spec.stage_id)}
-        if "tcp" in kinds:
-            return "tcp"
-        if self.deploy.stage(spec.stage_id).placement == "ray":
-            return "socket"
-        return "socket" if kinds == {"socket"} else "shm"
-
-    def _inline_limit(self, spec: StageSpec) -> int:
-        """The smallest `inline_limit` the TCP connectors of its outgoing edges name (bytes up to which a
-        payload rides in the frame rather than waiting at the producer)."""
-        specs = [
-            self.deploy.stage(c.stage_id).connector_from(spec.stage_id, self.deploy.connectors)
-            for c in self.pipeline.consumers(spec.stage_id)
-        ]
-        limits = [s.get("inline_limit") for s in specs]
-        return min([int(n) for n in limits if n is not None], default=INLINE_LIMIT)
-
-    def _input_connector(self, spec: StageSpec) -> str:
-        kinds = {self._edge_type(src, spec.stage_id) for src in spec.inputs}
-        return "socket" if kinds == {"socket"} else "shm"
+        board_seat = BoardSeat(self.board.name, slot) if self.board else None
+        return self.transport.client(spec, replica, board_seat)
 
     def _clients(self) -> list[StageClient]:
         return [c for pool in self.pools.values() for c in pool.replicas]
