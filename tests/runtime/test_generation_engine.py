@@ -6,7 +6,7 @@ import torch
 from omnistage.config.deploy import StageDeploy
 from omnistage.config.pipeline import StageKind, StageSpec
 from omnistage.stages.base import EngineContext, StageRequest
-from omnistage.stages.generation.engine import GenerationEngine, create_engine
+from omnistage.stages.generation.engine import GenerationEngine, create_engine, one_unit
 from tests.support.toy_stages import ToyVocoder
 
 pytestmark = pytest.mark.engine
@@ -178,10 +178,10 @@ def test_a_first_chunk_with_less_look_ahead():
 class StepwiseVocoder(ToyVocoder):
     """ToyVocoder that pauses after each window, as code2wav pauses after each ODE step."""
 
-    def generate_steps(self, windows, params):
+    def run(self, batch):
         outs = []
-        for window in windows:
-            outs.extend(self.generate([window], params))
+        for window in batch.windows:
+            outs.extend(self.generate([window], batch.params))
             yield
         return outs
 
@@ -240,6 +240,9 @@ class RunningSum:
             self.fed += len(codes)
             outs.append(sums.repeat_interleave(self.outputs_per_frame))
         return outs
+
+    def run(self, batch):
+        return one_unit(lambda: self.generate(batch.windows, batch.params, batch.stream_ids))
 
     def end_stream(self, stream_id):
         self.streams.pop(stream_id, None)

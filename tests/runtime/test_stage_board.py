@@ -114,8 +114,8 @@ def test_a_yielding_worker_steps_only_after_the_first_output_is_out(board, monke
 class TwoUnitVocoder(ToyVocoder):
     """Decodes its windows in one unit and returns them in a second, as code2wav pauses between ODE steps."""
 
-    def generate_steps(self, windows, params):
-        outs = self.generate(windows, params)
+    def run(self, batch):
+        outs = self.generate(batch.windows, batch.params)
         yield
         return outs
 

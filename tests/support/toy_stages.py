@@ -23,6 +23,7 @@ from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
 from omnistage.outputs import StageOutput
 from omnistage.stages.base import EngineContext, StageInputContext, StageRequest
 from omnistage.stages.engine_args import EngineArgs
+from omnistage.stages.generation.engine import GenerationBatch, one_unit
 
 VOCAB = 64
 GATE = re.compile(r"HOLD:(\w+)")
@@ -207,6 +208,9 @@ class ToyVocoder(nn.Module):
         self.conv = nn.Conv1d(4, 4, kernel_size=3, padding=1)
         self.out = nn.Linear(4, 1)
         _seeded(self, 3)
+
+    def run(self, batch: GenerationBatch) -> Any:
+        return one_unit(lambda: self.generate(batch.windows, batch.params))
 
     def generate(self, windows: list[torch.Tensor], params: list[Any]) -> list[torch.Tensor]:
         outs = []

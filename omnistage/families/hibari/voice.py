@@ -121,6 +121,10 @@ class HibariVoice:
             outputs.append(torch.cat(pieces) if pieces else torch.empty(0))
         return outputs
 
+    def run(self, batch: Any) -> Steps[None, None, list[torch.Tensor]]:
+        """The engine's call (stages/generation: `GenerationBatch`): a unit per sentence."""
+        return self.generate_steps(batch.windows, batch.params, batch.starts, batch.spans)
+
     def generate(self, windows, params, starts, spans) -> list[torch.Tensor]:
         from omnistage.stages.generation.engine import run_to_end
 

@@ -54,7 +54,7 @@ from omnistage.families.qwen2_5_omni.dit_velocity import DiTVelocity
 from omnistage.params import GenerationParams
 from omnistage.stages.base import EngineContext
 from omnistage.stages.engine_args import EngineArgs
-from omnistage.stages.generation.engine import GenerationEngine, run_to_end
+from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine, run_to_end
 
 logger = logging.getLogger(__name__)
 
@@ -110,11 +110,10 @@ class SolverSettings:
 
 
 class Token2WavGenerator:
-    """`generate(windows, params, starts)`: one waveform per code window; `starts[i]` is the window's first
+    """`generate(windows, params, starts)`: one waveform per code window (`run`, the engine's call, passes them); `starts[i]` is the window's first
     code in the whole sequence (the noise it gets depends on it). `params[i].seed` seeds the request's noise
     and `params[i].extra["speaker"]` picks its speaker."""
 
-    positional = True
     sample_rate = SAMPLE_RATE
     NOISE_STREAMS = 64
 
@@ -160,6 +159,11 @@ class Token2WavGenerator:
 
     # ----- the generator protocol -------------------------------------------------------------------------
     emits_spans = True
+
+    def run(self, batch: GenerationBatch) -> Generator[None, None, list[torch.Tensor]]:
+        """The engine's call: its windows' noise depends on where each starts, and only their spans'
+        audio is made."""
+        return self.generate_steps(batch.windows, batch.params, batch.starts, batch.spans)
 
     @torch.inference_mode()
     def generate(

@@ -13,6 +13,7 @@ tiny-qwen3-omni.md).
 
 from __future__ import annotations
 
+from collections.abc import Generator as Steps
 from typing import Any
 
 import torch
@@ -20,7 +21,7 @@ import torch
 from omnistage.families.qwen3_omni.loaders import load_code2wav
 from omnistage.families.qwen3_tts.decoder_stage import CodecArgs, codec_engine
 from omnistage.stages.base import EngineContext
-from omnistage.stages.generation.engine import GenerationEngine
+from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine, one_unit
 
 SAMPLE_RATE = 24000
 
@@ -38,6 +39,9 @@ class Code2WavGenerator:
         with torch.inference_mode():
             probe = torch.zeros(1, code2wav.config.num_quantizers, 1, dtype=torch.long)
             self.tail = self.outputs_per_frame - code2wav(probe).shape[-1]
+
+    def run(self, batch: GenerationBatch) -> Steps[None, None, list[torch.Tensor]]:
+        return one_unit(lambda: self.generate(batch.windows, batch.params, batch.starts, batch.spans))
 
     def generate(
         self, windows: list[torch.Tensor], params: list[Any], starts: list[int], spans: list[tuple[int, int]]

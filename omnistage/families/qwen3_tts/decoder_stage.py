@@ -11,6 +11,7 @@ layer is causal, so later frames never change earlier samples).
 
 from __future__ import annotations
 
+from collections.abc import Generator as Steps
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,7 +21,7 @@ from omnistage.families.qwen3_tts.codec import SUBFOLDER, CodecDecoder, StreamSt
 from omnistage.stages.ar.loader import resolve_dtype
 from omnistage.stages.base import EngineContext
 from omnistage.stages.engine_args import EngineArgs
-from omnistage.stages.generation.engine import GenerationEngine
+from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine, one_unit
 
 SAMPLE_RATE = 24000
 
@@ -35,6 +36,9 @@ class CodecGenerator:
         self.codec = codec
         self.outputs_per_frame = codec.total_upsample
         self.streams: dict[str, StreamState] = {}
+
+    def run(self, batch: GenerationBatch) -> Steps[None, None, list[torch.Tensor]]:
+        return one_unit(lambda: self.generate(batch.windows, batch.params, batch.stream_ids))
 
     def generate(
         self, windows: list[torch.Tensor], params: list[Any], stream_ids: list[str] | None = None

@@ -32,6 +32,12 @@ class WhisperEncoderGenerator:
         self.outputs_per_frame = model.config.max_source_positions
         self.chunk_samples = self.features.n_samples  # 30 s
 
+    def run(self, batch: Any) -> Any:
+        """The engine's call (stages/generation: one unit of work)."""
+        from omnistage.stages.generation.engine import one_unit
+
+        return one_unit(lambda: self.generate(batch.windows, batch.params))
+
     def generate(self, windows: list[torch.Tensor], params: list[Any]) -> list[torch.Tensor]:
         """windows: [k, samples] per request (zero-padded segments) → [k * 1500, d_model] per request."""
         segments = [row.numpy() for window in windows for row in window]

@@ -40,8 +40,9 @@ class InputRules:
 
 def make_params(given: Any, rules: InputRules) -> SamplingParams:
     """A SamplingParams as given: requests through the runtime arrive layered (api.StageParamsResolver:
-    defaults < deploy < request, constraints on top), and are not layered again. Only a dict of fields (or
-    None), as a processor or a direct engine user may give, is layered here, once, the same way."""
+    defaults < deploy < request), and are not layered again; only a dict of fields (or None), as a
+    processor or a direct engine user may give, is layered here, once, the same way. The stage's
+    constraints (what the model needs whatever is asked) hold either way."""
     if given is not None and not isinstance(given, dict | SamplingParams):
         raise InvalidRequestError(
             f"params must be SamplingParams for an AR stage, got {type(given).__name__}", param="params"
@@ -49,8 +50,8 @@ def make_params(given: Any, rules: InputRules) -> SamplingParams:
     params = given
     if not isinstance(params, SamplingParams):
         params = layer_params(SamplingParams, rules.default_params, given)
-        if rules.constraints:
-            params = apply_constraints(params, rules.constraints)
+    if rules.constraints:
+        params = apply_constraints(params, rules.constraints)
     bad = [t for t in params.allowed_token_ids or [] if not 0 <= t < rules.vocab_size]
     if bad or params.allowed_token_ids == []:
         raise InvalidRequestError(

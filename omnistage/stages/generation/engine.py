@@ -18,8 +18,8 @@ A causal generator that can carry a stream's state from one call to the next (`e
 once, in order, under the request's id, and it is told when the request ends. Its chunks then cost only
 their own frames, and join into the one-pass output (up to float rounding) instead of approximating it.
 
-A generator that can pause (`generate_steps`, yielding between units of work such as ODE steps) lets a
-request's first chunk overtake a long pass already running: the engine advances one unit per `step()`, and
+A generator that can pause (its `run` yields between units of work such as ODE steps) lets a request's
+first chunk overtake a long pass already running: the engine advances one unit per `step()`, and
 a first-chunk pass, when there is one, goes before the pass it interrupted (time to first audio waits for
 one unit of the longer pass, not all of it).
 """
@@ -41,34 +41,45 @@ from omnistage.stages.engine_args import EngineArgs
 logger = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass
+class GenerationBatch:
+    """One batched call of a generator: everything the engine knows of each window, whatever the generator
+    uses of it."""
+
+    windows: list[torch.Tensor]  # each request's input frames for this call (context included)
+    params: list[Any]  # each request's params
+    starts: list[int]  # each window's first frame index in its request's whole input
+    spans: list[tuple[int, int]]  # each window's (frames of context, frames to emit)
+    stream_ids: list[str] | None = None  # with streams: the request each window continues
+
+
 class Generator(Protocol):
     """A single-pass model. `outputs_per_frame` output rows correspond to one input frame.
 
-    A generator whose output depends on where a window sits in the whole input (absolute positions,
-    per-frame noise) sets `positional = True` and is called as `generate(windows, params, starts)`, with
-    each window's first frame index in its request's input. One that can skip work on the context it will
-    not emit sets `emits_spans = True` and also gets `spans`, each window's (first emitted frame, count):
-    it then returns only those frames' output.
+    The engine calls it one way: `run(batch)`, a Python generator that yields between units of work (ODE
+    steps, sentences; a model without such units yields none: `one_unit`) and returns one output per
+    window. The engine advances one unit per step, so a more urgent pass can run in between.
 
-    A causal generator may carry state between calls: called as `generate(windows, params, stream_ids)`,
-    each window continues the stream of that id (a new id: a new stream), and `end_stream(id)` drops a
-    stream's state. The engine uses this only when built with `streams=True`.
-
-    A generator may also offer `generate_steps(...)`, the same call (same arguments as its `generate`) as
-    a Python generator that yields between units of work and returns the outputs: the engine then runs it
-    a unit per step and can run a more urgent pass in between.
+    `emits_spans = True`: the outputs hold only each window's emitted frames (`batch.spans`), the context
+    skipped; otherwise the engine cuts them out. A causal generator may carry state between calls: with
+    `streams=True` each window continues the stream of `batch.stream_ids[i]` (a new id: a new stream), and
+    `end_stream(id)` drops a stream's state.
     """
 
     outputs_per_frame: int
     sample_rate: int | None
 
-    def generate(self, windows: list[torch.Tensor], params: list[Any]) -> list[torch.Tensor]:
-        """One output per input window; output length = window length × outputs_per_frame."""
-        ...
+    def run(self, batch: GenerationBatch) -> Steps[None, None, list[torch.Tensor]]: ...
+
+
+def one_unit(call: Any) -> Steps[None, None, list[torch.Tensor]]:
+    """`run` for a generator whose whole call is one unit of work: `call()`'s outputs, yielding nothing."""
+    return call()
+    yield  # a generator function
 
 
 def run_to_end(steps: Steps[None, None, Any]) -> Any:
-    """Run a `generate_steps` generator without pausing; its return value."""
+    """Run a generator's `run` (or any such Python generator) without pausing; its return value."""
     while True:
         try:
             next(steps)
@@ -148,6 +159,8 @@ class GenerationEngine:
         self.first_right_context = right_context if first_right_context is None else first_right_context
         # Chunks continue each request's stream in the generator (no context recomputed); async chunk only.
         self.streams = streams and chunk_size is not None
+        if not callable(getattr(generator, "run", None)):
+            raise ValueError(f"{type(generator).__name__} is no generator: it has no run(batch)")
         if self.streams and not callable(getattr(generator, "end_stream", None)):
             raise ValueError(f"{type(generator).__name__} cannot carry streams (no end_stream)")
         if self.streams and (left_context or right_context):
@@ -252,20 +265,9 @@ class GenerationEngine:
             starts.append(lo)
             spans.append((start - lo, end - start))
             state.in_flight = True
-        args: tuple[Any, ...] = (windows, params)
-        if self.streams:
-            args = (windows, params, [rid for rid, _, _, _ in batch])
-        elif getattr(self.generator, "emits_spans", False):
-            args = (windows, params, starts, spans)
-        elif getattr(self.generator, "positional", False):
-            args = (windows, params, starts)
-        stepwise = getattr(self.generator, "generate_steps", None)
-        steps = stepwise(*args) if stepwise else self._one_unit(args)
+        ids = [rid for rid, _, _, _ in batch] if self.streams else None
+        steps = self.generator.run(GenerationBatch(windows, params, starts, spans, ids))
         return _Pass(batch, spans, steps, streaming=any(not state.complete for _, state, _, _ in batch))
-
-    def _one_unit(self, args: tuple[Any, ...]) -> Steps[None, None, list[torch.Tensor]]:
-        return self.generator.generate(*args)
-        yield  # a generator function: the whole call is its one unit
 
     def _advance(self, run: _Pass) -> list[StageOutput]:
         """One unit of `run`; its outputs once it has finished."""
