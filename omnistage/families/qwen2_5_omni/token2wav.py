@@ -110,9 +110,9 @@ class SolverSettings:
 
 
 class Token2WavGenerator:
-    """`generate(windows, params, starts)`: one waveform per code window (`run`, the engine's call, passes them); `starts[i]` is the window's first
-    code in the whole sequence (the noise it gets depends on it). `params[i].seed` seeds the request's noise
-    and `params[i].extra["speaker"]` picks its speaker."""
+    """`generate(windows, params, starts)` (the engine's `run` passes them): one waveform per code window;
+    `starts[i]` is the window's first code in the whole sequence (the noise it gets depends on it).
+    `params[i].seed` seeds the request's noise and `params[i].extra["speaker"]` picks its speaker."""
 
     sample_rate = SAMPLE_RATE
     NOISE_STREAMS = 64
