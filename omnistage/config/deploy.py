@@ -25,6 +25,27 @@ CONNECTORS = ("inline", "shm", "socket", "tcp")
 DTYPES = ("float32", "float16", "bfloat16", "auto")
 
 
+@dataclasses.dataclass(frozen=True)
+class CoreSharingSettings:
+    """A stage's `core_sharing` block: how it shares CPU cores with the pipeline's other stages
+    (runtime/core_sharing.py says what each does)."""
+
+    # An idle stage that receives work waits until its inbox has been quiet this long (at most 20 ms) so a
+    # burst of requests starts as one batch; 0 suits a stage that gains nothing from batching.
+    burst_settle_ms: float = 3.0
+    # Pause this stage's steps while another stage computes a streaming request's first output.
+    yield_to_first_outputs: bool = False
+    # Torch threads while every other stage replica has been idle for a while; 0 or unset: off.
+    solo_threads: int | None = None
+
+    @property
+    def needs_board(self) -> bool:
+        return self.yield_to_first_outputs or bool(self.solo_threads)
+
+
+CORE_SHARING_FIELDS = {f.name for f in dataclasses.fields(CoreSharingSettings)}
+
+
 @dataclasses.dataclass
 class StageDeploy:
     """Resolved settings of one stage (every field has its final value)."""
@@ -43,17 +64,8 @@ class StageDeploy:
     async_chunk: bool | None = None
     engine_args: dict[str, Any] = dataclasses.field(default_factory=dict)
     env: dict[str, str] = dataclasses.field(default_factory=dict)
-    # Where stages share CPU cores: pause this stage's steps while another stage computes a streaming
-    # request's first output (time to first audio), at most 0.5 s a step (runtime/stage_board.py).
-    yield_to_first_outputs: bool = False
-    # Where stages share CPU cores: torch threads while every other stage replica has been idle for a
-    # while (cores the others leave idle), `num_threads` otherwise; 0 or unset: off. Threads are per
-    # process: inline stages ignore it (runtime/stage_board.py).
-    solo_threads: int | None = None
-    # An idle stage that receives work waits until its inbox has been quiet this long (at most 20 ms) so a
-    # burst of requests starts as one batch; 0 suits a stage that gains nothing from batching (a model that
-    # runs one request at a time), where the wait is only latency.
-    burst_settle_ms: float = 3.0
+    # How the stage shares CPU cores with the others (runtime/core_sharing.py; off on accelerators).
+    core_sharing: CoreSharingSettings = dataclasses.field(default_factory=lambda: CoreSharingSettings())
     # Placement `ray`: what each replica's actor asks the cluster for. Custom resources pin a stage to the
     # nodes that carry them (`ray start --resources '{"talker_node": 1}'`); num_cpus defaults to 1.
     num_cpus: float | None = None
@@ -76,7 +88,7 @@ class StageDeploy:
 
 STAGE_FIELDS = {f.name for f in dataclasses.fields(StageDeploy)}
 # Dict-valued fields merge key by key across layers instead of being replaced.
-MERGED_FIELDS = {"default_params", "input_connectors", "engine_args", "env", "resources"}
+MERGED_FIELDS = {"default_params", "input_connectors", "engine_args", "env", "resources", "core_sharing"}
 TOP_FIELDS = {"base_config", "async_chunk", "connectors", "stages", "limits"}
 
 
@@ -116,6 +128,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 def _check_stage_keys(entry: dict[str, Any], where: str) -> None:
     unknown = sorted(set(entry) - STAGE_FIELDS)
+    moved = [k for k in unknown if k in CORE_SHARING_FIELDS]
+    if moved:
+        raise ConfigError(f"{where}: {moved[0]!r} is a key of the stage's `core_sharing` block now")
     if unknown:
         raise ConfigError(f"unknown key {unknown[0]!r} in {where}{_did_you_mean(unknown[0], STAGE_FIELDS)}")
 
@@ -272,6 +287,29 @@ def resolve_deploy(
     return deploy
 
 
+def _core_sharing(value: Any, where: str) -> CoreSharingSettings:
+    """The `core_sharing` block (a mapping, merged across layers) as checked settings."""
+    if isinstance(value, CoreSharingSettings):
+        return value
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: core_sharing must be a mapping")
+    unknown = sorted(set(value) - CORE_SHARING_FIELDS)
+    if unknown:
+        hint = _did_you_mean(unknown[0], CORE_SHARING_FIELDS)
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r} in core_sharing{hint}")
+    sharing = CoreSharingSettings(**value)
+    if not isinstance(sharing.yield_to_first_outputs, bool):
+        raise ConfigError(f"{where}: core_sharing.yield_to_first_outputs must be true or false")
+    solo = sharing.solo_threads
+    if solo is not None and (isinstance(solo, bool) or not isinstance(solo, int) or solo < 0):
+        raise ConfigError(f"{where}: core_sharing.solo_threads must be a non-negative integer (0: off)")
+    settle = sharing.burst_settle_ms
+    if isinstance(settle, bool) or not isinstance(settle, int | float) or not 0 <= settle <= 20:
+        message = "core_sharing.burst_settle_ms must be a number of milliseconds in [0, 20]"
+        raise ConfigError(f"{where}: {message}")
+    return sharing
+
+
 def _validated(stage: StageDeploy, connectors: dict[str, dict[str, Any]]) -> StageDeploy:
     where = f"stage {stage.stage_id}"
     if stage.placement not in PLACEMENTS:
@@ -281,14 +319,7 @@ def _validated(stage: StageDeploy, connectors: dict[str, dict[str, Any]]) -> Sta
     for field in ("replicas", "max_num_seqs", "max_num_batched_tokens"):
         if not isinstance(getattr(stage, field), int) or getattr(stage, field) < 1:
             raise ConfigError(f"{where}: {field} must be a positive integer")
-    if not isinstance(stage.yield_to_first_outputs, bool):
-        raise ConfigError(f"{where}: yield_to_first_outputs must be true or false")
-    solo = stage.solo_threads
-    if solo is not None and (isinstance(solo, bool) or not isinstance(solo, int) or solo < 0):
-        raise ConfigError(f"{where}: solo_threads must be a non-negative integer (0: off)")
-    settle = stage.burst_settle_ms
-    if isinstance(settle, bool) or not isinstance(settle, int | float) or not 0 <= settle <= 20:
-        raise ConfigError(f"{where}: burst_settle_ms must be a number of milliseconds in [0, 20]")
+    stage.core_sharing = _core_sharing(stage.core_sharing, where)
     if (
         isinstance(stage.max_restarts, bool)
         or not isinstance(stage.max_restarts, int)

@@ -16,29 +16,16 @@ accelerators share no cores: the policy is off there (`plain()`), whatever the b
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from omnistage.config.deploy import CoreSharingSettings
 from omnistage.runtime.stage_board import BoardSeat, StageBoard
 
 SETTLE_MAX_S = 0.02  # the longest an idle stage waits for the rest of a burst
-
-
-@dataclasses.dataclass(frozen=True)
-class CoreSharingSettings:
-    """A stage's `core_sharing` deploy block."""
-
-    burst_settle_ms: float = 3.0
-    yield_to_first_outputs: bool = False
-    solo_threads: int | None = None  # 0 or None: off
-
-    @property
-    def needs_board(self) -> bool:
-        return self.yield_to_first_outputs or bool(self.solo_threads)
 
 
 class CoreSharing:

@@ -158,7 +158,7 @@ class Orchestrator:
         )
         self._tasks.append(asyncio.create_task(self._receive()))
         settings = [self.deploy.stage(spec.stage_id) for spec in self.pipeline.stages]
-        if any(s.yield_to_first_outputs or s.solo_threads for s in settings):
+        if any(s.core_sharing.needs_board for s in settings):
             self.board = StageBoard.create(os.getpid(), sum(s.replicas for s in settings))
         seats = itertools.count()
         for spec, stage in zip(self.pipeline.stages, settings, strict=True):

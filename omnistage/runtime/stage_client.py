@@ -181,10 +181,10 @@ class InlineStageClient(StageClient):
             self._build,
             self.inbox,
             self.on_message,
-            stream_tensors=self.stream_tensors,
-            settle_quiet_ms=self.deploy.burst_settle_ms,
+            # Threads are per process: an inline stage never takes solo threads (its process is the server's).
+            sharing=dataclasses.replace(self.deploy.core_sharing, solo_threads=None),
             seat=self.board_seat,
-            yields=self.deploy.yield_to_first_outputs,
+            stream_tensors=self.stream_tensors,
         )
         if not started:
             self.dead = True

@@ -14,7 +14,6 @@ import faulthandler
 import logging
 import os
 import signal
-import time
 import traceback
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -22,10 +21,11 @@ from typing import Any, Protocol
 import msgspec
 import torch
 
-from omnistage.config.deploy import StageDeploy
+from omnistage.config.deploy import CoreSharingSettings, StageDeploy
 from omnistage.config.pipeline import StageSpec, load_ref, register_family
 from omnistage.outputs import StageOutput, StageResult, error_output
 from omnistage.processes import watch_parent
+from omnistage.runtime.core_sharing import CoreSharing
 from omnistage.runtime.messages import (
     Abort,
     Call,
@@ -38,15 +38,11 @@ from omnistage.runtime.messages import (
     StartupFailed,
     ToWorker,
 )
-from omnistage.runtime.stage_board import BoardSeat, StageBoard
+from omnistage.runtime.stage_board import BoardSeat
 from omnistage.stages.base import EngineContext, StageInputContext, StageRequest
 
 logger = logging.getLogger(__name__)
 
-# An idle worker that receives work waits for the burst it may belong to: until its inbox has been quiet
-# this long, or at most SETTLE_MAX_S.
-SETTLE_QUIET_MS = 3
-SETTLE_MAX_S = 0.02
 IDLE_WAIT_S = 1.0  # an idle worker wakes this often even with nothing to do (cheap; keeps the loop simple)
 
 
@@ -75,10 +71,7 @@ class StageWorker:
     `stream_tensors=False` (a stage whose tensors only feed full-handoff stages) keeps tensor deltas here
     and sends them once, joined, with the request's final output: one transfer instead of one per step.
 
-    With a `seat` on the pipeline's stage board (runtime/stage_board.py), the worker publishes whether its
-    engine is computing a streaming request's first output, and (`yields`) waits before a step while another
-    replica is; it marks its seat busy while its engine has work, and (`solo_threads`) steps with that many
-    torch threads while every other seat has been idle for a while.
+    `sharing` (runtime/core_sharing.py) is how its steps share CPU cores with the other stages.
     """
 
     def __init__(
@@ -87,9 +80,7 @@ class StageWorker:
         engine: Any,
         emit: Callable[[list[StageOutput]], None],
         stream_tensors: bool = True,
-        seat: BoardSeat | None = None,
-        yields: bool = False,
-        solo_threads: int | None = None,
+        sharing: CoreSharing | None = None,
     ):
         self.stage = stage
         self.engine = engine
@@ -104,13 +95,7 @@ class StageWorker:
         self.resources = lend() if lend is not None else None
         self.requests_started = 0
         self.stopped = False
-        self.seat = seat
-        self.board = StageBoard(seat.name) if seat else None
-        self.yields = yields
-        self.yielded = {"steps": 0, "seconds": 0.0}
-        self.solo_threads = solo_threads if self.board is not None else None
-        self.shared_threads = torch.get_num_threads()  # the deployment's num_threads
-        self.solo_steps = 0
+        self.sharing = sharing or CoreSharing.plain(engine)
 
     # ---- control -------------------------------------------------------------------------------------
     def handle(self, msg: Any) -> Any:
@@ -135,10 +120,7 @@ class StageWorker:
             stats["worker_requests"] = len(self.active)
             stats["requests_started"] = self.requests_started
             stats["pid"] = os.getpid()
-            if self.board is not None:
-                stats["first_output_yields"] = dict(self.yielded)
-            if self.solo_threads:
-                stats["solo_steps"] = self.solo_steps
+            stats.update(self.sharing.stats())
             return stats
         if method in ("sleep", "wake_up"):
             return getattr(self.engine, method)(*args)
@@ -185,8 +167,7 @@ class StageWorker:
         return self.engine.has_work()
 
     def step(self) -> None:
-        if self.board is not None:
-            self._take_turn()
+        self.sharing.before_step()
         try:
             outputs = self.engine.step()
         except Exception as exc:  # the engine is in an unknown state for everything it held
@@ -194,9 +175,7 @@ class StageWorker:
             self._fail(list(self.active), exc)
             return
         finally:
-            if self.board is not None:
-                self.board.publish(self.seat.slot, self._first_output_pending())
-                self.board.set_busy(self.seat.slot, self.engine.has_work())
+            self.sharing.after_step()
         ready = [out for out in outputs if out.request_id in self.active]
         for out in ready:
             if not self.stream_tensors:
@@ -210,28 +189,6 @@ class StageWorker:
                 logger.exception("stage %s could not send outputs", self.stage.name)
                 self._fail([out.request_id for out in ready], exc)
 
-    def _first_output_pending(self) -> bool:
-        pending = getattr(self.engine, "first_output_pending", None)
-        return bool(pending and pending())
-
-    def _take_turn(self) -> None:
-        """Yield to other replicas' first outputs (unless computing one here), say whether we are and that
-        we are busy, and take the idle cores if nobody else is."""
-        pending = self._first_output_pending()
-        if self.yields and not pending:
-            waited = self.board.wait_for_others(self.seat.slot)
-            if waited:
-                self.yielded["steps"] += 1
-                self.yielded["seconds"] += waited
-        self.board.publish(self.seat.slot, pending)
-        self.board.set_busy(self.seat.slot, True)  # before looking at the others: two never both go solo
-        if self.solo_threads:
-            solo = not self.board.others_busy(self.seat.slot)
-            threads = self.solo_threads if solo else self.shared_threads
-            if threads != torch.get_num_threads():
-                torch.set_num_threads(threads)
-            self.solo_steps += solo
-
     def close(self) -> None:
         """The worker's exit: the engine releases what it holds (helper processes, caches), then the seat."""
         shutdown = getattr(self.engine, "shutdown", None)
@@ -240,9 +197,7 @@ class StageWorker:
                 shutdown()
             except Exception:
                 logger.exception("stage %s engine shutdown failed", self.stage.name)
-        if self.board is not None:
-            self.board.set_busy(self.seat.slot, False)
-            self.board.close()
+        self.sharing.close()
 
     def _hold_tensors(self, out: StageOutput) -> None:
         if out.has_bulk():
@@ -292,8 +247,9 @@ def serve_stage(
     build: Callable[[], tuple[Any, str]],
     inbox: Inbox,
     send: Callable[[Any], None],
-    settle_quiet_ms: float = SETTLE_QUIET_MS,
-    **worker_options: Any,
+    sharing: CoreSharingSettings | None = None,
+    seat: BoardSeat | None = None,
+    stream_tensors: bool = True,
 ) -> bool:
     """Build the engine (`build` returns it and its device), say Ready, and drive it until Shutdown; the
     worker closes (and shuts its engine down) however the loop ends. False if the engine could not be built
@@ -304,7 +260,10 @@ def serve_stage(
     except BaseException as exc:
         send(StartupFailed(sid, replica, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"))
         return False
-    worker = StageWorker(stage, engine, lambda items: send(Outputs(sid, replica, items)), **worker_options)
+    # Stages on accelerators share no cores: the plain policy there.
+    policy = CoreSharing(sharing or CoreSharingSettings(), seat, engine) if device == "cpu" else None
+    emit = lambda items: send(Outputs(sid, replica, items))  # noqa: E731
+    worker = StageWorker(stage, engine, emit, stream_tensors=stream_tensors, sharing=policy)
     send(Ready(sid, replica, os.getpid(), {"device": device}))
 
     def deliver() -> None:
@@ -326,17 +285,8 @@ def serve_stage(
             idle = not worker.has_work()
             if inbox.wait(IDLE_WAIT_S if idle else 0):
                 deliver()
-                # Work that wakes an idle engine often comes as a burst (requests sent together, a step's
-                # outputs): let the rest of it in first, so it starts in one batch rather than one request
-                # a step ahead of the others, out of step with them in every stage after.
-                deadline = time.monotonic() + SETTLE_MAX_S
-                while (
-                    idle
-                    and settle_quiet_ms
-                    and time.monotonic() < deadline
-                    and inbox.wait(settle_quiet_ms / 1e3)
-                ):
-                    deliver()
+                if idle:  # the rest of a burst that woke the engine, so it starts as one batch
+                    worker.sharing.settle(inbox.wait, deliver)
             if worker.has_work() and not worker.stopped:
                 worker.step()
     finally:
@@ -492,11 +442,9 @@ def run_config(cfg: Any) -> bool:
             build,
             _SocketInbox(inbox, Codec(ToWorker).decode),
             send,
-            stream_tensors=cfg.stream_tensors,
-            settle_quiet_ms=cfg.deploy.burst_settle_ms,
+            sharing=cfg.deploy.core_sharing,
             seat=cfg.board_seat,
-            yields=cfg.deploy.yield_to_first_outputs,
-            solo_threads=cfg.deploy.solo_threads,
+            stream_tensors=cfg.stream_tensors,
         )
     finally:
         outbox.close()

@@ -19,7 +19,7 @@ from omnistage.serving.app import create_app
 from tests.qwen2_5_omni.conftest import PROMPTS as OMNI_PROMPTS
 from tests.qwen2_5_omni.conftest import greedy_params as omni_params
 from tests.ray.conftest import actor_states, pinned_overrides, ray
-from tests.reliability.stuck_loader import LOCK_VARIABLE
+from tests.startup.stuck_loader import LOCK_VARIABLE
 from tests.support.polling import wait_until, wait_until_async
 from tests.support.toy_stages import open_gate, speech_pipeline
 
@@ -199,7 +199,7 @@ def test_an_actor_stuck_in_its_loader_is_named_with_its_stack(ray_cluster, tmp_p
     lock = tmp_path / "lock"
     lock.write_text("")
     stage = {"placement": "ray", "num_cpus": 0.5, "env": {LOCK_VARIABLE: str(lock)}}
-    stage["engine_args"] = {"model_loader": "tests.reliability.stuck_loader:wait_on_stale_lock"}
+    stage["engine_args"] = {"model_loader": "tests.startup.stuck_loader:wait_on_stale_lock"}
     stuck = r"(?s)stage 0 \(llm\) replica 0 \(Ray actor placed.*startup_timeout_s of 20 s.*wait_on_stale_lock"
     with pytest.raises(StartupTimeoutError, match=stuck):
         AsyncOmni(str(tiny_llm_dir("qwen2")), stage_overrides={"0": stage}, startup_timeout=20)

@@ -111,12 +111,14 @@ def test_unknown_keys_name_key_and_file(tmp_path):
         resolve_deploy(speech_pipeline(), None, stage_overrides={"7": {"max_num_seqs": 1}})
     with pytest.raises(ConfigError, match="placement"):
         resolve_deploy(speech_pipeline(), None, cli={"placement": "cloud"})
-    with pytest.raises(ConfigError, match=r"burst_settle_ms must be a number of milliseconds in \[0, 20\]"):
-        resolve_deploy(speech_pipeline(), None, stage_overrides={"1": {"burst_settle_ms": 50}})
+    settle = r"core_sharing.burst_settle_ms must be a number of milliseconds in \[0, 20\]"
+    with pytest.raises(ConfigError, match=settle):
+        resolve_deploy(
+            speech_pipeline(), None, stage_overrides={"1": {"core_sharing": {"burst_settle_ms": 50}}}
+        )
+    quick = {"1": {"core_sharing": {"burst_settle_ms": 0}}}
     assert (
-        resolve_deploy(speech_pipeline(), None, stage_overrides={"1": {"burst_settle_ms": 0}})
-        .stage(1)
-        .burst_settle_ms
+        resolve_deploy(speech_pipeline(), None, stage_overrides=quick).stage(1).core_sharing.burst_settle_ms
         == 0
     )
 

@@ -1,5 +1,5 @@
-"""The first-output board: stages that give way while another replica computes a streaming request's first
-chunk, and stages that take idle cores (runtime/stage_board.py)."""
+"""Core sharing (runtime/core_sharing.py, on the stage board): stages that give way while another replica
+computes a streaming request's first chunk, and stages that take idle cores."""
 
 import os
 import subprocess
@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from omnistage import AsyncOmni, SamplingParams
-from omnistage.config.deploy import resolve_deploy
+from omnistage.config.deploy import CoreSharingSettings, resolve_deploy
 from omnistage.config.pipeline import StageKind, StageSpec
 from omnistage.connectors.shm import live_segments
 from omnistage.errors import ConfigError
 from omnistage.params import GenerationParams
 from omnistage.runtime import stage_board
+from omnistage.runtime.core_sharing import CoreSharing
 from omnistage.runtime.messages import StartRequest
 from omnistage.runtime.stage_board import HOLD_S, BoardSeat, StageBoard
 from omnistage.runtime.stage_process import StageWorker
@@ -25,6 +26,13 @@ from omnistage.stages.generation.engine import GenerationEngine
 from tests.support.toy_stages import ToyVocoder, speech_pipeline
 
 VOCODER = StageSpec(0, "voc", StageKind.GENERATION, final_output=True, output_modality="audio")
+YIELDS = CoreSharingSettings(yield_to_first_outputs=True)
+
+
+def sharing_worker(engine, emitted: list, board, slot: int, settings: CoreSharingSettings) -> StageWorker:
+    """A stage worker on seat `slot` of `board`, sharing cores as `settings` say (runtime/core_sharing.py)."""
+    policy = CoreSharing(settings, BoardSeat(board.name, slot), engine)
+    return StageWorker(VOCODER, engine, emitted.extend, sharing=policy)
 
 
 @pytest.fixture
@@ -79,13 +87,7 @@ def start(worker, rid, codes):
 
 def test_a_yielding_worker_steps_only_after_the_first_output_is_out(board, monkeypatch):
     emitted = []
-    worker = StageWorker(
-        VOCODER,
-        GenerationEngine(ToyVocoder(outputs_per_frame=2)),
-        emitted.extend,
-        seat=BoardSeat(board.name, 0),
-        yields=True,
-    )
+    worker = sharing_worker(GenerationEngine(ToyVocoder(outputs_per_frame=2)), emitted, board, 0, YIELDS)
     start(worker, "r", [1, 2, 3])
     board.publish(1, True)
     polls = []
@@ -100,15 +102,15 @@ def test_a_yielding_worker_steps_only_after_the_first_output_is_out(board, monke
     monkeypatch.undo()
     assert polls == [stage_board.POLL_S]  # it waited, once, and stepped as soon as the seat was clear
     assert [o.request_id for o in emitted] == ["r"] and emitted[0].finished
-    assert worker.yielded["steps"] == 1
+    assert worker.sharing.yielded["steps"] == 1
     assert worker.call("stats", [])["first_output_yields"]["steps"] == 1
 
     engine = GenerationEngine(ToyVocoder(outputs_per_frame=2))
-    keeps_going = StageWorker(VOCODER, engine, emitted.extend, seat=BoardSeat(board.name, 2))
+    keeps_going = sharing_worker(engine, emitted, board, 2, CoreSharingSettings())
     start(keeps_going, "s", [4, 5])
     board.publish(1, True)
     keeps_going.step()  # a stage deployed without yield_to_first_outputs does not wait
-    assert emitted[-1].request_id == "s" and keeps_going.yielded["steps"] == 0
+    assert emitted[-1].request_id == "s" and keeps_going.sharing.yielded["steps"] == 0
 
 
 class TwoUnitVocoder(ToyVocoder):
@@ -123,7 +125,7 @@ class TwoUnitVocoder(ToyVocoder):
 def test_a_worker_publishes_its_streaming_first_chunk_while_computing_it(board):
     engine = GenerationEngine(TwoUnitVocoder(outputs_per_frame=2), chunk_size=2, right_context=1)
     emitted = []
-    worker = StageWorker(VOCODER, engine, emitted.extend, seat=BoardSeat(board.name, 0), yields=True)
+    worker = sharing_worker(engine, emitted, board, 0, YIELDS)
     engine.add_request(StageRequest("r", inputs={"codes": torch.arange(3)}, streaming_input=True))
     worker.active.add("r")
     assert engine.first_output_pending()  # ready, not started yet
@@ -131,7 +133,7 @@ def test_a_worker_publishes_its_streaming_first_chunk_while_computing_it(board):
     assert not emitted and board.others_pending(1)  # its first chunk is half done: seat 0 is marked
     worker.step()
     assert [o.request_id for o in emitted] == ["r"] and not board.others_pending(1)
-    assert worker.yielded["steps"] == 0  # it did not wait for its own seat
+    assert worker.sharing.yielded["steps"] == 0  # it did not wait for its own seat
     engine.add_chunk("r", {"codes": torch.arange(3, 6)}, last=True)
     worker.step()
     assert not board.others_pending(1)  # a later chunk is not a first output
@@ -144,44 +146,49 @@ def test_a_solo_worker_takes_its_solo_threads_only_while_every_other_seat_is_idl
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        worker = StageWorker(
-            VOCODER,
-            GenerationEngine(TwoUnitVocoder(outputs_per_frame=2)),
-            [].extend,
-            seat=BoardSeat(board.name, 0),
-            solo_threads=2,
-        )
+        engine = GenerationEngine(TwoUnitVocoder(outputs_per_frame=2))
+        worker = sharing_worker(engine, [], board, 0, CoreSharingSettings(solo_threads=2))
         start(worker, "r", [1, 2, 3])  # each request takes two steps
         worker.step()  # alone on the board: solo threads, and its own seat marked busy mid-request
-        assert torch.get_num_threads() == 2 and worker.solo_steps == 1
+        assert torch.get_num_threads() == 2 and worker.sharing.solo_steps == 1
         assert board.others_busy(1, quiet_s=0) and not board.others_busy(0, quiet_s=0)
         board.set_busy(2, True)  # another replica has work: back to the deployment's threads
         worker.step()
-        assert torch.get_num_threads() == 1 and worker.solo_steps == 1
+        assert torch.get_num_threads() == 1 and worker.sharing.solo_steps == 1
         assert not worker.has_work() and not board.others_busy(2, quiet_s=0)  # done: its seat is idle
 
         start(worker, "s", [4, 5])
         board.set_busy(2, False)
         monkeypatch.setattr(stage_board, "SOLO_QUIET_S", 60.0)
         worker.step()  # the other replica went idle less than SOLO_QUIET_S ago: it may be back at once
-        assert torch.get_num_threads() == 1 and worker.solo_steps == 1
+        assert torch.get_num_threads() == 1 and worker.sharing.solo_steps == 1
         monkeypatch.setattr(stage_board, "SOLO_QUIET_S", 0.0)
         worker.step()
-        assert torch.get_num_threads() == 2 and worker.solo_steps == 2
+        assert torch.get_num_threads() == 2 and worker.sharing.solo_steps == 2
         assert worker.call("stats", [])["solo_steps"] == 2
         worker.close()
     finally:
         torch.set_num_threads(threads)
 
 
+def sharing(**block) -> dict:
+    return {"1": {"core_sharing": block}}
+
+
 def test_the_options_are_validated():
-    with pytest.raises(ConfigError, match="yield_to_first_outputs must be true or false"):
-        resolve_deploy(speech_pipeline(), stage_overrides={"1": {"yield_to_first_outputs": "yes"}})
+    with pytest.raises(ConfigError, match="core_sharing.yield_to_first_outputs must be true or false"):
+        resolve_deploy(speech_pipeline(), stage_overrides=sharing(yield_to_first_outputs="yes"))
     for bad in (-1, "2", True):
-        with pytest.raises(ConfigError, match="stage 1: solo_threads must be a non-negative integer"):
-            resolve_deploy(speech_pipeline(), stage_overrides={"1": {"solo_threads": bad}})
-    off = resolve_deploy(speech_pipeline(), stage_overrides={"1": {"solo_threads": 0}})
-    assert off.stage(1).solo_threads == 0
+        with pytest.raises(ConfigError, match="stage 1: core_sharing.solo_threads must be a non-negative"):
+            resolve_deploy(speech_pipeline(), stage_overrides=sharing(solo_threads=bad))
+    with pytest.raises(
+        ConfigError, match="unknown key 'solo_thread' in core_sharing; did you mean 'solo_threads'"
+    ):
+        resolve_deploy(speech_pipeline(), stage_overrides=sharing(solo_thread=2))
+    with pytest.raises(ConfigError, match="'solo_threads' is a key of the stage's `core_sharing` block"):
+        resolve_deploy(speech_pipeline(), stage_overrides={"1": {"solo_threads": 2}})
+    off = resolve_deploy(speech_pipeline(), stage_overrides=sharing(solo_threads=0))
+    assert off.stage(1).core_sharing.solo_threads == 0
 
 
 async def test_the_orchestrator_seats_every_replica_and_removes_the_board():
@@ -189,9 +196,9 @@ async def test_the_orchestrator_seats_every_replica_and_removes_the_board():
     omni = AsyncOmni(
         speech_pipeline(),
         stage_overrides={
-            "0": {"yield_to_first_outputs": True},
-            "1": {"yield_to_first_outputs": True},
-            "2": {"solo_threads": 2},
+            "0": {"core_sharing": {"yield_to_first_outputs": True}},
+            "1": {"core_sharing": {"yield_to_first_outputs": True}},
+            "2": {"core_sharing": {"solo_threads": 2}},
         },
     )
     try:

@@ -16,12 +16,12 @@ from omnistage import AsyncOmni
 from omnistage.errors import StartupTimeoutError
 from omnistage.families.llm.tiny import tiny_llm_dir
 from tests.reliability.leftovers import MARK_VARIABLE, new_mark, processes_marked, segments_of
-from tests.reliability.stuck_loader import LOCK_VARIABLE
+from tests.startup.stuck_loader import LOCK_VARIABLE
 from tests.support.polling import wait_until
 from tests.support.server_process import REPO, ServerProcess, free_port
 
 pytestmark = pytest.mark.e2e
-STUCK = "tests.reliability.stuck_loader:wait_on_stale_lock"
+STUCK = "tests.startup.stuck_loader:wait_on_stale_lock"
 
 
 def stuck_overrides(placement: str, timeout_s: float = 4) -> dict:
