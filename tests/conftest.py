@@ -22,7 +22,8 @@ VOICE_DEMO_AREAS = {"speech", "whisper", "realtime", "bench"}
 # pays for it): past it the test fails with every thread's stack, instead of holding the suite. Seconds per
 # area of tests/; the slowest test of an area took under a fifth of its budget on 2 cores (--durations).
 DEFAULT_BUDGET_S = 180
-AREA_BUDGETS_S = {"bench": 300, "diffusion": 300, "ray": 300, "reliability": 300, "playground": 300, "startup": 300}
+SLOW_AREAS = ("bench", "diffusion", "ray", "reliability", "playground", "startup")
+AREA_BUDGETS_S = dict.fromkeys(SLOW_AREAS, 300)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
