@@ -94,7 +94,7 @@ def test_a_server_fixture_that_times_out_shows_what_its_stages_are_doing(stale_l
     server = ServerProcess(args, tmp_path / "server.log", module="omnistage")
     try:
         with pytest.raises(TimeoutError) as failed:
-            server.wait_healthy(timeout=30)
+            server.wait_healthy(timeout=20)  # the stage reaches its loader within a few seconds
     finally:
         server.stop()
     report = str(failed.value)
