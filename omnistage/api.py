@@ -26,6 +26,7 @@ from omnistage.errors import ConfigError, InvalidRequestError, OverloadedError
 from omnistage.families.resolve import resolve_pipeline
 from omnistage.outputs import OmniRequestOutput
 from omnistage.params import apply_constraints, layer_params, params_class
+from omnistage.prompts import as_prompt
 from omnistage.runtime.orchestrator import Orchestrator
 from omnistage.runtime.request_state import RequestState
 from omnistage.stages.engine_args import check_engine_args
@@ -154,6 +155,7 @@ class _OmniBase:
     def _submit(self, prompt: Any, params: Any, request_id: str | None, modalities: Any, sink: Any) -> str:
         if prompt is None:
             raise InvalidRequestError("prompt is required", param="prompt")
+        prompt = as_prompt(prompt)  # typed from here on (omnistage/prompts.py)
         resolved = self.resolve_params(params)
         needed, finals = self.pipeline.stages_for(modalities)
         rid = request_id or uuid.uuid4().hex

@@ -18,6 +18,7 @@ from omnistage.connectors.shm import ShmConnector
 from omnistage.connectors.tcp import fetch, is_tcp_key
 from omnistage.outputs import BULK_FIELDS, StageOutput, StageResult
 from omnistage.params import DiffusionParams, GenerationParams, SamplingParams
+from omnistage.prompts import Prompt
 
 INLINE_EXT = 1
 SHM_EXT = 2
@@ -31,7 +32,7 @@ class StartRequest(msgspec.Struct, tag=True):
     """Full handoff (or an entry stage): run the input processor on the prompt and finished upstream."""
 
     request_id: str
-    prompt: Any
+    prompt: Prompt | None
     params: Params
     upstream: dict[int, StageResult] = {}
 
@@ -42,7 +43,7 @@ class ChunkInput(msgspec.Struct, tag=True):
     request_id: str
     chunk: StageOutput
     last: bool
-    prompt: Any = None
+    prompt: Prompt | None = None
     params: Params = None
     first: bool = False
 

@@ -1,4 +1,4 @@
-"""Chat messages → the runtime's prompt dict.
+"""Chat messages → the runtime's typed chat prompt (omnistage/prompts.py).
 
 Media parts are fetched and decoded here (under the server's media policy) and replaced in the message by
 a typed placeholder (`{"type": "image"}`, `{"type": "audio"}`, `{"type": "video"}`), the form Hugging Face
@@ -12,6 +12,7 @@ import asyncio
 from typing import Any
 
 from omnistage.config.capabilities import Limits
+from omnistage.prompts import ChatPrompt
 from omnistage.serving.limits import check_audio, check_upload
 from omnistage.serving.media import decode_audio, decode_image, decode_video
 from omnistage.serving.media_sources import MediaSources, decode_base64
@@ -29,20 +30,22 @@ MAX_VIDEO_FRAMES = 64
 ROLE_ALIASES = {"developer": "system"}
 
 
-class ChatPrompt:
-    """Messages in template form plus decoded media."""
+class ChatBuilder:
+    """Messages in template form plus decoded media, as the request's parts are read."""
 
     def __init__(self) -> None:
         self.messages: list[dict[str, Any]] = []
         self.media: dict[str, list[Any]] = {"image": [], "audio": [], "video": []}
 
-    def as_prompt(self, **extra: Any) -> dict[str, Any]:
-        prompt: dict[str, Any] = {"messages": self.messages}
-        media = {kind: items for kind, items in self.media.items() if items}
-        if media:
-            prompt["multi_modal_data"] = media
-        prompt.update({k: v for k, v in extra.items() if v is not None})
-        return prompt
+    def as_prompt(self, speaker: str | None = None) -> ChatPrompt:
+        media = self.media
+        return ChatPrompt(
+            messages=self.messages,
+            images=media["image"],
+            audios=media["audio"],
+            videos=media["video"],
+            speaker=speaker,
+        )
 
     def last_user_text(self) -> str:
         for message in reversed(self.messages):
@@ -56,9 +59,9 @@ class ChatPrompt:
 
 async def build_chat_prompt(
     messages: list[ChatMessage], media: MediaSources, settings: ServerSettings, limits: Limits | None = None
-) -> ChatPrompt:
+) -> ChatBuilder:
     """`limits`: the model's (upload bytes, input audio seconds), checked as each part is read."""
-    prompt = ChatPrompt()
+    prompt = ChatBuilder()
     limits = limits or Limits()
     for i, message in enumerate(messages):
         role = ROLE_ALIASES.get(message.role, message.role)
@@ -77,7 +80,7 @@ async def build_chat_prompt(
 
 
 async def _convert_part(
-    part: Any, where: str, prompt: ChatPrompt, media: MediaSources, settings: ServerSettings, limits: Limits
+    part: Any, where: str, prompt: ChatBuilder, media: MediaSources, settings: ServerSettings, limits: Limits
 ) -> dict[str, Any]:
     pixels = settings.max_image_pixels
 

@@ -15,6 +15,7 @@ import msgspec
 from omnistage.errors import InvalidRequestError, OmniError
 from omnistage.media import change_speed, resample
 from omnistage.outputs import OmniRequestOutput, TokenCounts
+from omnistage.prompts import SpeechPrompt, UploadedVoice
 from omnistage.serving.artifacts import audio_of, sample_rate_of
 from omnistage.serving.context import ServerContext
 from omnistage.serving.errors import SchemaError
@@ -89,18 +90,27 @@ async def speech_request(body: SpeechRequest, model: ServedModel, ctx: ServerCon
     if caps.prompt == "text":
         params = build_stage_params(model, diffusion=seed, stage_params=body.stage_params, limits=limits)
         return body.input, params
-    prompt = {"task": "speech", "input": body.input, "messages": [{"role": "user", "content": body.input}]}
-    extras = {"speaker": voice, "instructions": body.instructions, "language": body.language}
-    prompt.update({k: v for k, v in extras.items() if v})
-    if uploaded is not None:  # the voice to clone, read by the stage from its file
-        reference = {"name": uploaded.name, "path": str(uploaded.path), "sample_rate": uploaded.sample_rate}
-        prompt["uploaded_voice"] = {**reference, "ref_text": uploaded.ref_text}
-    if caps.speed_range is not None:  # the model speaks at the asked speed itself
-        prompt["speed"] = body.speed
-    for name, value in family_options(body, model).items():
+    options = family_options(body, model)
+    for name, value in options.items():
         if caps.speech_option(name).media:  # audio the server reads within its media policy, as bytes
-            value, _ = await ctx.media.read(value, param=name)
-        prompt[name] = value
+            options[name], _ = await ctx.media.read(value, param=name)
+    prompt = SpeechPrompt(
+        input=body.input,
+        speaker=voice or None,
+        instructions=body.instructions or None,
+        language=body.language or None,
+        # the voice to clone, read by the stage from its file
+        uploaded_voice=None
+        if uploaded is None
+        else UploadedVoice(
+            name=uploaded.name,
+            path=str(uploaded.path),
+            sample_rate=uploaded.sample_rate,
+            ref_text=uploaded.ref_text,
+        ),
+        speed=body.speed if caps.speed_range is not None else None,  # the model speaks at it itself
+        options=options,
+    )
     sampling = {**seed, **({"max_tokens": body.max_new_tokens} if body.max_new_tokens is not None else {})}
     params = build_stage_params(
         model,

@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from omnistage.outputs import StageOutput, StageResult, TokenCounts
+from omnistage.prompts import Prompt, as_prompt
 
 if TYPE_CHECKING:
     from omnistage.config.deploy import StageDeploy
@@ -86,12 +87,16 @@ class StageInputContext:
     """
 
     request_id: str
-    prompt: Any
+    prompt: Prompt | None
     params: Any
     upstream: dict[int, StageResult]
     stage: StageSpec
     resources: Any = None
     state: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.prompt is not None:  # typed for every processor, whatever a direct engine user passed
+            self.prompt = as_prompt(self.prompt)
 
 
 @dataclasses.dataclass

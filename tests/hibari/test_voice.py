@@ -148,10 +148,10 @@ def test_a_spoken_reply_streamed_in_equals_the_finished_reply(engine) -> None:
     resources = engine.input_resources()
     params = GenerationParams(seed=7)
     done = StageResult(stage_id=0, text=text, finished=True)
-    full_ctx = StageInputContext("full", {}, params, {0: done}, stage, resources)
+    full_ctx = StageInputContext("full", None, params, {0: done}, stage, resources)
     full = run(engine, [stage.input_processor(full_ctx)])["full"]
 
-    ctx = StageInputContext("streamed", {}, params, {0: StageResult(stage_id=0)}, stage, resources)
+    ctx = StageInputContext("streamed", None, params, {0: StageResult(stage_id=0)}, stage, resources)
     pieces = [text[i : i + 4] for i in range(0, len(text), 4)]
     audio, started = [], False
     for i, piece in enumerate(pieces):

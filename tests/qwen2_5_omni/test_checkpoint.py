@@ -72,6 +72,33 @@ def test_processor_expands_media_placeholders(processor):
     assert err.value.param == "multi_modal_data.image"
 
 
+def test_vllm_prompt_forms_give_the_chat_forms_inputs(processor):
+    """vLLM's templated `{"prompt", "multi_modal_data"}` and a typed chat prompt with its media in
+    `multi_modal_data` give the model the same inputs as the media in the message parts."""
+    rng = np.random.default_rng(2)
+    image = rng.integers(0, 255, (56, 56, 3), dtype=np.uint8)
+    audio = rng.standard_normal(8000).astype(np.float32)
+    parts = [
+        {"type": "image", "image": image},
+        {"type": "audio", "audio": audio},
+        {"type": "text", "text": "Hi"},
+    ]
+    in_parts = prompt_to_inputs(processor, {"messages": [{"role": "user", "content": parts}]})
+    placeholders = [{"type": "image"}, {"type": "audio"}, {"type": "text", "text": "Hi"}]
+    media = {"image": image, "audio": audio}
+    chat = prompt_to_inputs(
+        processor, {"messages": [{"role": "user", "content": placeholders}], "multi_modal_data": media}
+    )
+    text = processor.apply_chat_template(
+        [{"role": "user", "content": placeholders}], tokenize=False, add_generation_prompt=True
+    )
+    templated = prompt_to_inputs(processor, {"prompt": text, "multi_modal_data": media})
+    for other in (chat, templated):
+        assert set(other) == set(in_parts)
+        assert all(torch.equal(other[k], in_parts[k]) for k in in_parts)
+    assert int((templated["input_ids"][0] == 151655).sum()) == 4
+
+
 def test_resolves_to_three_stages_or_thinker_only(omni_dir, tmp_path):
     spec, _ = resolve_pipeline(omni_dir)
     assert [(s.name, str(s.kind), s.inputs) for s in spec.stages] == [

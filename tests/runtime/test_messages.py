@@ -11,6 +11,7 @@ from omnistage.connectors.base import Payload
 from omnistage.connectors.shm import ShmConnector, live_segments, release
 from omnistage.outputs import StageOutput
 from omnistage.params import SamplingParams
+from omnistage.prompts import AudioPrompt, TextPrompt
 from omnistage.runtime.messages import Codec, FromWorker, Outputs, StartRequest, ToWorker
 
 pytestmark = pytest.mark.unit
@@ -54,9 +55,9 @@ def test_lazy_decode_passes_references_through():
     orchestrator = Codec(FromWorker, lazy=True)
     handle = orchestrator.decode(frame).items[0].tensors["x"]
     assert isinstance(handle, Payload) and not handle.ref.owned
-    forwarded = Codec(ToWorker).encode(StartRequest("r", {"h": handle}, SamplingParams()))
+    forwarded = Codec(ToWorker).encode(StartRequest("r", AudioPrompt(audio=handle), SamplingParams()))
     worker_view = Codec(ToWorker).decode(forwarded)
-    assert torch.equal(worker_view.prompt["h"], value)
+    assert torch.equal(worker_view.prompt.audio, value)
     assert handle.ref.key in live_segments()  # not owned by the reader: the orchestrator's ledger frees it
     release(handle.ref.key)
 
@@ -69,7 +70,8 @@ def test_arrays_images_and_params_roundtrip():
     assert back.size == image.size and np.array_equal(np.asarray(back), np.asarray(image))
     params = SamplingParams(temperature=0.3, stop=["x"])
     codec = Codec(ToWorker)
-    assert codec.decode(codec.encode(StartRequest("r", "p", params))).params == params
+    back = codec.decode(codec.encode(StartRequest("r", TextPrompt(text="p"), params)))
+    assert back.params == params and back.prompt == TextPrompt(text="p")
 
 
 def test_unsupported_objects_are_refused_not_pickled():
@@ -93,12 +95,14 @@ def test_a_message_whose_payload_is_gone_names_its_request_and_the_next_is_serve
         push.connect(address)
         sender = Codec(ToWorker, connector=ShmConnector())
         before = set(live_segments(os.getpid()))
-        ended = sender.encode(StartRequest("ended", {"audio": torch.randn(100_000)}, SamplingParams()))
+        ended = sender.encode(
+            StartRequest("ended", AudioPrompt(audio=torch.randn(100_000)), SamplingParams())
+        )
         (segment,) = set(live_segments(os.getpid())) - before
         release(segment)  # the request ended before the stage read its message
         live = torch.randn(100_000)
         push.send(ended)
-        push.send(sender.encode(StartRequest("live", {"audio": live}, SamplingParams())))
+        push.send(sender.encode(StartRequest("live", AudioPrompt(audio=live), SamplingParams())))
         inbox = _SocketInbox(pull, Codec(ToWorker).decode)
         taken = []
         while len(taken) < 2:
@@ -107,7 +111,7 @@ def test_a_message_whose_payload_is_gone_names_its_request_and_the_next_is_serve
         gone, served = taken
         assert isinstance(gone, PayloadGone) and gone.request_id == "ended"
         assert isinstance(served, StartRequest) and served.request_id == "live"
-        assert torch.equal(served.prompt["audio"], live)
+        assert torch.equal(served.prompt.audio, live)
     finally:
         push.close(linger=0)
         pull.close(linger=0)

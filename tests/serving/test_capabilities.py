@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from omnistage.api import AsyncOmni
 from omnistage.config.capabilities import Capabilities, Limits
 from omnistage.config.pipeline import PipelineSpec, StageSpec
+from omnistage.prompts import SpeechPrompt
 from omnistage.serving.app import create_app
 from omnistage.serving.settings import ServerSettings
 from omnistage.stages.base import StageInputContext, StageRequest
@@ -27,10 +28,10 @@ VOICES = ("alice", "ethan")  # their last bytes lead the toy LM to different tok
 
 
 def speech_prompt_input(ctx: StageInputContext) -> StageRequest:
-    """The family's own prompt shape: a speech prompt dict (voice + text) or, on completions, plain text."""
+    """The family's own prompt shape: a speech prompt (voice + text) or, on completions, plain text."""
     prompt: Any = ctx.prompt
-    if isinstance(prompt, dict):
-        prompt = f"{prompt['input']} in {prompt.get('speaker', VOICES[0])}"  # the toy LM reads the last byte
+    if isinstance(prompt, SpeechPrompt):
+        prompt = f"{prompt.input} in {prompt.speaker or VOICES[0]}"  # the toy LM reads the last byte
     return StageRequest(ctx.request_id, prompt=prompt, params=ctx.params)
 
 

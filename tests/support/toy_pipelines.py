@@ -21,30 +21,39 @@ from torch import nn
 from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
 from omnistage.outputs import Progress, StageOutput
 from omnistage.params import DiffusionParams
+from omnistage.prompts import ChatPrompt, SpeechPrompt, TextPrompt
 from omnistage.stages.base import EngineContext, StageInputContext, StageRequest
-from tests.support.toy_stages import GEN, gate_of, make_map, make_vocoder, tokens_chunk, tokens_to_map_request
+from tests.support.toy_stages import (
+    GEN,
+    gate_of,
+    make_map,
+    make_vocoder,
+    plain,
+    tokens_chunk,
+    tokens_to_map_request,
+)
 from tests.support.toy_stages import ToyAREngine as _RuntimeToyAR
 
 MAX_MODEL_LEN = 48  # like a real engine's context limit: generation stops there, whatever max_tokens says
 
 
 def flatten_prompt(prompt: Any) -> Any:
-    """A tiny chat template: the prompt dict the server builds, as text the toy LM can read."""
-    if not isinstance(prompt, dict):
+    """A tiny chat template: the typed prompt the server builds, as text (or ids) the toy LM can read."""
+    if isinstance(prompt, TextPrompt):
+        return prompt.token_ids if prompt.token_ids is not None else prompt.text
+    if not isinstance(prompt, ChatPrompt | SpeechPrompt):
         return prompt
-    if "messages" in prompt:
-        lines = []
-        for m in prompt["messages"]:
-            content = m["content"]
-            if isinstance(content, list):
-                content = "".join(p.get("text", f"<{p['type']}>") for p in content)
-            lines.append(f"{m['role']}: {content}")
-        media = prompt.get("multi_modal_data", {})
-        lines += [f"[{kind} x{len(items)}]" for kind, items in media.items()]
-        if prompt.get("speaker"):  # the voice changes what the toy says, so tests can see it arrive
-            lines.insert(0, f"voice: {prompt['speaker']}")
-        return "\n".join(lines) + "\nassistant:"
-    return " ".join(str(prompt.get(k, "")) for k in ("speaker", "instructions", "prompt") if prompt.get(k))
+    lines = []
+    for m in prompt.messages:
+        content = m["content"]
+        if isinstance(content, list):
+            content = "".join(p.get("text", f"<{p['type']}>") for p in content)
+        lines.append(f"{m['role']}: {content}")
+    media = prompt.media() if isinstance(prompt, ChatPrompt) else {}
+    lines += [f"[{kind} x{len(items)}]" for kind, items in media.items()]
+    if prompt.speaker:  # the voice changes what the toy says, so tests can see it arrive
+        lines.insert(0, f"voice: {prompt.speaker}")
+    return "\n".join(lines) + "\nassistant:"
 
 
 def chat_input(ctx: StageInputContext) -> StageRequest:
@@ -148,7 +157,7 @@ class ToyDiffusionEngine:
             "total": p.num_inference_steps or 3,
             "outputs": p.num_outputs,
             "fps": p.fps or 8,
-            "fail": isinstance(request.prompt, str) and "FAIL" in request.prompt,
+            "fail": "FAIL" in str(plain(request.prompt)),
             "gate": gate_of(request.prompt),
         }
 

@@ -21,6 +21,7 @@ from torch import nn
 
 from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
 from omnistage.outputs import StageOutput
+from omnistage.prompts import PROMPTS, TextPrompt, prompt_text
 from omnistage.stages.base import EngineContext, StageInputContext, StageRequest
 from omnistage.stages.engine_args import EngineArgs
 from omnistage.stages.generation.engine import GenerationBatch, one_unit
@@ -48,8 +49,16 @@ class TinyLM(nn.Module):
         return self.head(h), h
 
 
+def plain(prompt: Any) -> Any:
+    """A typed prompt as the toys read it: its text (or token ids); engine-level forms as they are."""
+    if isinstance(prompt, TextPrompt) and prompt.token_ids is not None:
+        return prompt.token_ids
+    return prompt_text(prompt) if isinstance(prompt, PROMPTS) else prompt
+
+
 def gate_of(prompt: Any) -> str | None:
     """The gate a prompt names (`HOLD:<name>`), if any."""
+    prompt = plain(prompt)
     match = GATE.search(prompt) if isinstance(prompt, str) else None
     return match.group(1) if match else None
 
@@ -60,6 +69,7 @@ def open_gate(gate_dir: Path, name: str) -> None:
 
 
 def prompt_tokens(prompt: Any) -> list[int]:
+    prompt = plain(prompt)
     if isinstance(prompt, str):
         return [b % VOCAB for b in prompt.encode()]
     return [int(t) % VOCAB for t in prompt]
@@ -104,7 +114,8 @@ class ToyAREngine(ToyEngineBase):
         super().__init__(ctx, seed=1)
 
     def add_request(self, request: StageRequest) -> None:
-        if self.fail_marker and isinstance(request.prompt, str) and self.fail_marker in request.prompt:
+        text = plain(request.prompt)
+        if self.fail_marker and isinstance(text, str) and self.fail_marker in text:
             raise RuntimeError(f"refusing prompt with {self.fail_marker!r}")
         tokens = prompt_tokens(request.prompt) or [0]
         max_tokens = getattr(request.params, "max_tokens", None) or 8

@@ -9,6 +9,7 @@ import torch
 
 from omnistage.config.capabilities import Capabilities, Limits, SpeechOption
 from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
+from omnistage.prompts import SpeechPrompt, prompt_text
 from omnistage.stages.base import StageInputContext, StageRequest
 from tests.support.toy_stages import VOCAB
 from tests.toy_family import FAMILY
@@ -20,19 +21,10 @@ SHIFT = SpeechOption(
 )
 
 
-def prompt_text(prompt: dict | str) -> str:
-    """What the talker reads: the speech input, or the chat's messages one per line."""
-    if isinstance(prompt, str):
-        return prompt
-    if "input" in prompt:
-        return prompt["input"]
-    return "\n".join(str(m["content"]) for m in prompt["messages"])
-
-
 def talker_input(ctx: StageInputContext) -> StageRequest:
     """The prompt's text, and the `toy_shift` option as the extra input (one row, for every prompt row)."""
     inputs = {}
-    shift = ctx.prompt.get("toy_shift") if isinstance(ctx.prompt, dict) else None
+    shift = ctx.prompt.options.get("toy_shift") if isinstance(ctx.prompt, SpeechPrompt) else None
     if shift:
         inputs["toy_shift"] = torch.full((ctx.resources.config.hidden_size,), float(shift))
     return StageRequest(ctx.request_id, prompt=prompt_text(ctx.prompt), params=ctx.params, inputs=inputs)

@@ -28,6 +28,7 @@ from omnistage.families.hibari.units import speech_units
 from omnistage.families.hibari.voice import BUNDLED_VOICE, SPEED_RANGE, check_speed
 from omnistage.outputs import StageOutput, TokenCounts
 from omnistage.params import GenerationParams
+from omnistage.prompts import SpeechPrompt, prompt_text
 from omnistage.stages.base import StageInputContext, StageRequest
 
 HERE = Path(__file__).parent
@@ -55,8 +56,7 @@ ALIASES = {name: BUNDLED_VOICE for name in OPENAI_VOICES}
 # ---- processors (they run in the voice stage's process, next to the G2P) -------------------------------
 def speech_input(ctx: StageInputContext) -> StageRequest:
     """The speech route's prompt: its `input` text, cut into units, each a frame of phoneme ids."""
-    prompt = ctx.prompt if isinstance(ctx.prompt, dict) else {"input": str(ctx.prompt or "")}
-    text = str(prompt.get("input") or "")
+    text = prompt_text(ctx.prompt)  # a speech prompt's input (or a Python API user's plain text)
     frames = _frames(ctx, speech_units(text, final=True, first=True)[0])
     if not len(frames):
         raise InvalidRequestError(
@@ -99,8 +99,8 @@ def voice_params(ctx: StageInputContext) -> GenerationParams:
     """The request's seed (a random one if unset: every unit of a request must draw from one seed) and its
     speed (the prompt's `speed`, within the voice's range)."""
     params = ctx.params if isinstance(ctx.params, GenerationParams) else GenerationParams()
-    prompt = ctx.prompt if isinstance(ctx.prompt, dict) else {}
-    speed = check_speed(float(prompt.get("speed", params.extra.get("speed", 1.0))))
+    asked = ctx.prompt.speed if isinstance(ctx.prompt, SpeechPrompt) else None
+    speed = check_speed(float(asked if asked is not None else params.extra.get("speed", 1.0)))
     seed = params.seed if params.seed is not None else random.getrandbits(31)
     return msgspec.structs.replace(params, seed=seed, extra={**params.extra, "speed": speed})
 

@@ -50,7 +50,7 @@ TALKER_DEFAULTS = {
 
 
 def speaker_of(prompt: Any) -> str:
-    speaker = prompt.get("speaker") if isinstance(prompt, dict) else None
+    speaker = getattr(prompt, "speaker", None)  # a text, chat or speech prompt's
     return speaker or DEFAULT_SPEAKER
 
 

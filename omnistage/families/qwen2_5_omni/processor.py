@@ -20,6 +20,7 @@ from transformers import AutoTokenizer, BatchFeature, Qwen2_5OmniProcessor, Whis
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil, smart_resize
 
 from omnistage.errors import InvalidRequestError
+from omnistage.prompts import ChatPrompt, SpeechPrompt, TextPrompt, as_prompt
 
 SAMPLE_RATE = 16000
 DEFAULT_SYSTEM = "You are a helpful assistant."
@@ -120,29 +121,26 @@ def _processor_sections(model_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 def prompt_to_inputs(processor: Qwen2_5OmniProcessor, prompt: Any) -> BatchFeature:
-    """Model inputs for one prompt: `str` (a user message), `list[int]` (token ids), or a dict with
-    `prompt` (already templated text with placeholders), `messages` (chat) or `prompt_token_ids`, plus
-    `multi_modal_data` {"image": ..., "audio": ..., "video": ...} (one item or a list each)."""
-    if isinstance(prompt, str):
-        prompt = {"messages": [{"role": "user", "content": prompt}]}
-    elif isinstance(prompt, list | tuple):
-        prompt = {"prompt_token_ids": list(prompt)}
-    if not isinstance(prompt, dict):
-        raise InvalidRequestError("prompt must be a string, token ids or a dict", param="prompt")
-    if "prompt_token_ids" in prompt:
-        ids = torch.tensor([prompt["prompt_token_ids"]], dtype=torch.long)
+    """Model inputs for one prompt (omnistage/prompts.py; what `as_prompt` takes is converted first): a
+    `TextPrompt`'s token ids, its text (a user message, or used as is where it is `templated`: vLLM's
+    `{"prompt": ...}`), a `ChatPrompt`'s messages and media, or a `SpeechPrompt`'s text as a user message."""
+    prompt = as_prompt(prompt)
+    if isinstance(prompt, TextPrompt) and prompt.token_ids is not None:
+        ids = torch.tensor([prompt.token_ids], dtype=torch.long)
         if ids.numel() == 0:
             raise InvalidRequestError("prompt_token_ids must not be empty", param="prompt_token_ids")
         return BatchFeature({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
-    media = _media(prompt)
-    if "messages" in prompt:
-        text = processor.apply_chat_template(prompt["messages"], tokenize=False, add_generation_prompt=True)
-    elif isinstance(prompt.get("prompt"), str):
-        text = prompt["prompt"]
+    if isinstance(prompt, TextPrompt) and prompt.templated:
+        text = prompt.text
+    elif isinstance(prompt, TextPrompt):
+        text = _template(processor, [{"role": "user", "content": prompt.text or ""}])
+    elif isinstance(prompt, ChatPrompt | SpeechPrompt):
+        text = _template(processor, prompt.messages)
     else:
         raise InvalidRequestError(
-            "a dict prompt needs 'prompt', 'messages' or 'prompt_token_ids'", param="prompt"
+            f"the thinker takes text, chat or speech prompts, not {type(prompt).__name__}", param="prompt"
         )
+    media = _media(prompt)
     kwargs = {k: v for k, v in media.items() if v}
     try:
         return processor(text=text, return_tensors="pt", padding=False, **kwargs)
@@ -152,20 +150,25 @@ def prompt_to_inputs(processor: Qwen2_5OmniProcessor, prompt: Any) -> BatchFeatu
         ) from exc
 
 
-def _media(prompt: dict[str, Any]) -> dict[str, list[Any]]:
-    """Images, audio clips and videos in prompt order: from message parts first, else `multi_modal_data`."""
+def _template(processor: Qwen2_5OmniProcessor, messages: list[dict[str, Any]]) -> str:
+    return processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def _media(prompt: Any) -> dict[str, list[Any]]:
+    """Images, audio clips and videos in prompt order: from message parts first, else the prompt's media."""
     found: dict[str, list[Any]] = {"images": [], "audio": [], "videos": []}
-    for message in prompt.get("messages") or []:
+    if not isinstance(prompt, ChatPrompt | TextPrompt):
+        return found
+    for message in prompt.messages if isinstance(prompt, ChatPrompt) else []:
         content = message.get("content")
         for part in content if isinstance(content, list) else []:
             for key, slot in (("image", "images"), ("audio", "audio"), ("video", "videos")):
                 if part.get(key) is not None:
                     found[slot].append(part[key])
-    data = prompt.get("multi_modal_data") or {}
+    data = prompt.media()
     for key, slot in (("image", "images"), ("audio", "audio"), ("video", "videos")):
-        if not found[slot] and data.get(key) is not None:
-            value = data[key]
-            found[slot] = list(value) if isinstance(value, list) else [value]
+        if not found[slot] and data.get(key):
+            found[slot] = list(data[key])
     found["images"] = [_image(x) for x in found["images"]]
     found["audio"] = [_audio(x) for x in found["audio"]]
     return found

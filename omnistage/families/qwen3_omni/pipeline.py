@@ -67,7 +67,7 @@ TALKER_DEFAULTS = {
 def speaker_of(prompt: Any) -> str:
     from omnistage.families.qwen3_omni.talker import DEFAULT_SPEAKER
 
-    speaker = prompt.get("speaker") if isinstance(prompt, dict) else None
+    speaker = getattr(prompt, "speaker", None)  # a text, chat or speech prompt's
     return speaker or DEFAULT_SPEAKER
 
 

@@ -25,6 +25,7 @@ from omnistage.config.capabilities import Capabilities, SpeechOption
 from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
 from omnistage.errors import InvalidRequestError
 from omnistage.outputs import StageOutput, TokenCounts
+from omnistage.prompts import SpeechPrompt, prompt_text
 from omnistage.stages.base import StageInputContext, StageRequest
 
 HERE = Path(__file__).parent
@@ -71,7 +72,7 @@ def speech_input(ctx: StageInputContext) -> StageRequest:
     from omnistage.families.qwen3_tts.prompt import talker_prompt
 
     loaded = ctx.resources
-    prompt = ctx.prompt if isinstance(ctx.prompt, dict) else {"input": str(ctx.prompt or "")}
+    prompt = speech_fields(ctx.prompt)
     text = str(prompt.get("input") or "")
     if not text.strip():
         raise InvalidRequestError("input: Input text cannot be empty", param="input")
@@ -133,6 +134,22 @@ def speech_input(ctx: StageInputContext) -> StageRequest:
     audio_tokens = len(ref_codes) if ref_codes is not None else 0  # the clip's frames, in context
     counts = TokenCounts(input_text_tokens=text_tokens, input_audio_tokens=audio_tokens)
     return StageRequest(ctx.request_id, prompt=ids, params=ctx.params, inputs=inputs, token_counts=counts)
+
+
+def speech_fields(prompt: Any) -> dict[str, Any]:
+    """A speech prompt's fields and this family's options (SPEECH_OPTIONS, by name), as one mapping; a plain
+    text prompt (the Python API's) is the input alone."""
+    if not isinstance(prompt, SpeechPrompt):
+        return {"input": prompt_text(prompt)}
+    voice = prompt.uploaded_voice
+    fields = {
+        "input": prompt.input,
+        "speaker": prompt.speaker,
+        "instructions": prompt.instructions,
+        "language": prompt.language,
+        "uploaded_voice": msgspec.structs.asdict(voice) if voice is not None else None,
+    }
+    return {**{k: v for k, v in fields.items() if v is not None}, **prompt.options}
 
 
 def _subtalker(loaded: object, params: object) -> dict[str, Any] | None:
@@ -223,7 +240,8 @@ def _voice_features(loaded: object, voice: dict, prompt: dict) -> tuple[torch.Te
 
 def _clip_codes(generator: object, prompt: Any) -> torch.Tensor | None:
     """The codec stage's view: an in-context clone's clip codes (its own encoder, loaded on first use)."""
-    voice = clone_voice(prompt) if isinstance(prompt, dict) else None
+    prompt = speech_fields(prompt)
+    voice = clone_voice(prompt)
     if not _in_context(voice, prompt):
         return None
     entry = _voice_entry(generator, voice)
@@ -250,7 +268,7 @@ def _codec_request(ctx: StageInputContext, frames: torch.Tensor, streaming: bool
     inputs = {"codes": frames}
     if ref is not None:
         inputs = {"codes": torch.cat([ref.to(frames.dtype), frames]), "context_frames": len(ref)}
-    first = ctx.prompt.get("initial_codec_chunk_frames") if isinstance(ctx.prompt, dict) else None
+    first = speech_fields(ctx.prompt).get("initial_codec_chunk_frames")
     if first is not None:  # this request's first chunk (time to first audio), else the stage's by load
         inputs["first_chunk_frames"] = int(first)
     return StageRequest(ctx.request_id, params=ctx.params, inputs=inputs, streaming_input=streaming)

@@ -4,10 +4,11 @@ How to use:
 - A directory whose config.json says `"model_type": "whisper"` (a transformers Whisper checkpoint) resolves
   to this pipeline; `omnistage serve DIR` serves `POST /v1/audio/transcriptions` (and `/translations` where
   the model is multilingual); the demo serves OpenAI's tiny.en as "whisper-tiny.en" (demo/whisper.py).
-- In Python: `Omni(DIR).generate(prompt, params)` with the prompt a dict
-  `{"audio": float32 samples at 16 kHz (np.ndarray or tensor), "language": "en" | None,
-  "task": "transcribe" | "translate", "prompt": previous text | None}`; `transcription_prompt(...)` builds
-  it. `params` are the decoder's SamplingParams (greedy `temperature=0` matches transformers' `generate`).
+- In Python: `Omni(DIR).generate(prompt, params)` with the prompt an `AudioPrompt` (omnistage/prompts.py:
+  float32 samples at 16 kHz (np.ndarray or tensor), `language` "en" | None, `task` "transcribe" |
+  "translate", `prompt` previous text | None; the dict of those fields works too);
+  `transcription_prompt(...)` builds it. `params` are the decoder's SamplingParams (greedy
+  `temperature=0` matches transformers' `generate`).
 - Output: one text choice per segment (`outputs["choices"]`, in order; `text` alone for one segment) and
   `data["segments"]`: each segment's (start, end) in seconds of the input.
 
@@ -34,6 +35,7 @@ from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
 from omnistage.errors import InvalidRequestError
 from omnistage.families.resolve import ModelInfo
 from omnistage.params import SamplingParams
+from omnistage.prompts import AudioPrompt
 from omnistage.stages.base import StageInputContext, StageRequest
 
 HERE = Path(__file__).parent
@@ -46,13 +48,13 @@ ENCODER_KEY = "encoder_hidden"
 
 def transcription_prompt(
     audio: Any, language: str | None = None, task: str = "transcribe", prompt: str | None = None
-) -> dict[str, Any]:
+) -> AudioPrompt:
     """The entry prompt for 16 kHz mono samples."""
-    return {"audio": audio, "language": language, "task": task, "prompt": prompt}
+    return AudioPrompt(audio=audio, language=language, task=task, prompt=prompt)
 
 
 def _audio(prompt: Any) -> np.ndarray:
-    audio = prompt.get("audio") if isinstance(prompt, dict) else None
+    audio = prompt.audio if isinstance(prompt, AudioPrompt) else None
     if audio is None:
         raise InvalidRequestError("the prompt needs `audio`: mono float32 samples at 16 kHz", param="file")
     audio = audio.numpy() if isinstance(audio, torch.Tensor) else np.asarray(audio)
@@ -76,15 +78,10 @@ def decoder_input(ctx: StageInputContext) -> StageRequest:
     from omnistage.families.whisper.decoding import decoder_prompt
     from omnistage.families.whisper.segments import segment_bounds
 
-    prompt = ctx.prompt if isinstance(ctx.prompt, dict) else {}
+    prompt = ctx.prompt if isinstance(ctx.prompt, AudioPrompt) else AudioPrompt(audio=None)
     model = ctx.resources
-    ids = decoder_prompt(
-        model.generation_config,
-        model.tokenizer,
-        prompt.get("language"),
-        prompt.get("task") or "transcribe",
-        prompt.get("prompt"),
-    )
+    config, tokenizer = model.generation_config, model.tokenizer
+    ids = decoder_prompt(config, tokenizer, prompt.language, prompt.task, prompt.prompt)
     hidden = ctx.upstream[0].tensor(ENCODER_KEY)
     rows = model.encoder_positions
     states = list(hidden.reshape(-1, rows, hidden.shape[-1]))

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from omnistage.serving.chat_prompt import ChatPrompt
+from omnistage.serving.chat_prompt import ChatBuilder
 from omnistage.serving.realtime.events import SAMPLE_RATE
 
 
@@ -55,10 +55,10 @@ class Conversation:
         self.items.append(item)
         return previous
 
-    async def prompt(self, instructions: str | None, hears_audio: bool) -> ChatPrompt:
+    async def prompt(self, instructions: str | None, hears_audio: bool) -> ChatBuilder:
         """The chat prompt of the whole conversation: a user's audio as audio for a model that hears it,
         else as its transcript (waiting for it)."""
-        chat = ChatPrompt()
+        chat = ChatBuilder()
         if instructions:
             chat.messages.append({"role": "system", "content": instructions})
         for item in self.items:

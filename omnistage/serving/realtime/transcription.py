@@ -17,6 +17,7 @@ import numpy as np
 
 from omnistage.errors import InvalidRequestError
 from omnistage.media import resample
+from omnistage.prompts import AudioPrompt
 from omnistage.serving import transcripts
 from omnistage.serving.context import ServerContext
 from omnistage.serving.generation import generate, last_output
@@ -44,12 +45,11 @@ async def transcribe(ctx: ServerContext, wanted: Any, samples: np.ndarray) -> st
     """The transcript of 24 kHz mono `samples` (`wanted`: the session's transcription settings or None)."""
     model = transcriber(ctx, wanted.model if wanted is not None else None)
     audio = await asyncio.to_thread(resample, samples, SAMPLE_RATE, TRANSCRIPTION_RATE)
-    prompt = {
-        "audio": audio,
-        "language": wanted.language if wanted is not None else None,
-        "task": "transcribe",
-        "prompt": wanted.prompt if wanted is not None else None,
-    }
+    prompt = AudioPrompt(
+        audio=audio,
+        language=wanted.language if wanted is not None else None,
+        prompt=wanted.prompt if wanted is not None else None,
+    )
     params = build_stage_params(model, sampling={"temperature": 0.0}, limits=model.limits(ctx.settings))
     request_id = f"transcription-{uuid.uuid4().hex}"
     out = await last_output(generate(model, ctx.metrics, prompt, params, request_id, ["text"]))

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from omnistage.errors import InvalidRequestError, OmniError
 from omnistage.media import resample
 from omnistage.outputs import OmniRequestOutput
+from omnistage.prompts import AudioPrompt
 from omnistage.serving import transcripts
 from omnistage.serving.context import ServerContext, get_context
 from omnistage.serving.errors import omni_error_body
@@ -98,7 +99,7 @@ async def _answer(request: Request, ctx: ServerContext, task: str) -> Response:
     audio = await asyncio.to_thread(_audio, uploads[0][1], model, ctx)  # decoding: off the event loop
     seconds = len(audio) / SAMPLE_RATE
     language = fields.get("language") or None
-    prompt = {"audio": audio, "language": language, "task": task, "prompt": fields.get("prompt") or None}
+    prompt = AudioPrompt(audio=audio, language=language, task=task, prompt=fields.get("prompt") or None)
     sampling: dict[str, Any] = {"temperature": temperature}
     if fmt == "verbose_json":
         sampling["logprobs"] = 0  # each token's own logprob, for the segments' avg_logprob

@@ -1,7 +1,8 @@
 """Turning a StageRequest into an `ARRequest`: prompt forms, sampling parameters, extra model inputs.
 
-Prompt forms: `str` (tokenized as is, no chat template), `list[int]`, or a dict with `prompt_token_ids`,
-`prompt` or `messages` (rendered with the tokenizer's chat template and the generation prompt).
+Prompt forms: a typed prompt (omnistage/prompts.py: `TextPrompt` tokenized as is, no chat template, or
+its token ids; `ChatPrompt` and a `SpeechPrompt`'s text as a user message, rendered with the tokenizer's
+chat template and the generation prompt), or what an input processor makes: `str`, `list[int]`.
 `StageRequest.inputs` may carry `inputs_embeds` ([L, H], replacing the prompt's embedding lookup),
 `position_ids` ([L] or [R, L]) and `rope_delta` (int); `output_data` (a dict) is copied into the
 request's first output's `data`, so an input processor can pass facts it computed downstream. Every rule
@@ -18,6 +19,7 @@ import torch
 from omnistage.config.pipeline import load_ref
 from omnistage.errors import InvalidRequestError
 from omnistage.params import SamplingParams, apply_constraints, layer_params
+from omnistage.prompts import ChatPrompt, SpeechPrompt, TextPrompt, as_prompt
 from omnistage.stages.ar.sequence import ARRequest
 from omnistage.stages.base import StageRequest
 
@@ -65,12 +67,14 @@ def make_request(req: StageRequest, rules: InputRules) -> ARRequest:
     params = make_params(req.params, rules)
     inputs = dict(req.inputs or {})
     embeds = _prompt_embeds(inputs.get("inputs_embeds"), rules)
-    if isinstance(req.prompt, dict) and req.prompt.get("multi_modal_data") and embeds is None:
+    # vLLM's prompt dicts, as a direct engine user may give them
+    prompt = as_prompt(req.prompt) if isinstance(req.prompt, dict) else req.prompt
+    if isinstance(prompt, ChatPrompt | TextPrompt) and prompt.media() and embeds is None:
         raise InvalidRequestError(
             "this stage takes text only; multi_modal_data needs a model whose input processor embeds it",
             param="multi_modal_data",
         )
-    token_ids = _prompt_token_ids(req.prompt, rules, embeds)
+    token_ids = _prompt_token_ids(prompt, rules, embeds)
     if not token_ids:
         raise InvalidRequestError("the prompt is empty", param="prompt")
     if embeds is not None and embeds.shape[0] != len(token_ids):
@@ -126,23 +130,21 @@ def _hidden_layers(params: SamplingParams, num_layers: int) -> dict[int, int]:
 def _prompt_token_ids(prompt: Any, rules: InputRules, embeds: torch.Tensor | None) -> list[int]:
     if isinstance(prompt, str):
         return _encode(prompt, rules)
-    if isinstance(prompt, (list, tuple)):
+    if isinstance(prompt, list | tuple):
         return _int_list(prompt, "prompt")
-    if isinstance(prompt, dict):
-        if prompt.get("prompt_token_ids") is not None:
-            return _int_list(prompt["prompt_token_ids"], "prompt_token_ids")
-        if prompt.get("prompt") is not None:
-            return _encode(prompt["prompt"], rules)
-        if prompt.get("messages") is not None:
-            return _chat(prompt["messages"], rules)
-    if prompt is None or isinstance(prompt, dict):
+    if isinstance(prompt, TextPrompt) and prompt.token_ids is not None:
+        return _int_list(prompt.token_ids, "prompt_token_ids")
+    if isinstance(prompt, TextPrompt) and prompt.text is not None:
+        return _encode(prompt.text, rules)
+    if isinstance(prompt, ChatPrompt | SpeechPrompt):
+        return _chat(prompt.messages, rules)
+    if prompt is None or isinstance(prompt, TextPrompt):
         if embeds is not None:  # embeddings alone: placeholder ids keep the per-token bookkeeping uniform
             return [rules.pad_token_id] * embeds.shape[0]
-        raise InvalidRequestError(
-            "the prompt needs one of prompt_token_ids, prompt or messages (or inputs_embeds)", param="prompt"
-        )
+        raise InvalidRequestError("the prompt has no text, token ids or messages", param="prompt")
     raise InvalidRequestError(
-        f"prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}", param="prompt"
+        f"an AR stage takes text, token ids, chat messages or speech text, got {type(prompt).__name__}",
+        param="prompt",
     )
 
 

@@ -29,6 +29,7 @@ from omnistage.config.deploy import StageDeploy
 from omnistage.errors import ConfigError, InvalidRequestError
 from omnistage.outputs import Progress, StageOutput, error_output
 from omnistage.params import DiffusionParams, layer_params
+from omnistage.prompts import ChatPrompt, SpeechPrompt, TextPrompt, as_prompt, prompt_text
 from omnistage.stages.base import EngineContext, StageRequest
 from omnistage.stages.diffusion.request import DiffusionRequest
 from omnistage.stages.diffusion.runner import DiffusionRunner
@@ -180,14 +181,16 @@ class DiffusionEngine:
     # ---- input
     def _parse(self, request: StageRequest) -> DiffusionRequest:
         prompt, negative, images = request.prompt, None, []
-        if isinstance(prompt, dict):
-            negative = prompt.get("negative_prompt")
-            images = list(_as_list((prompt.get("multi_modal_data") or {}).get("image")))
-            prompt = prompt.get("prompt", "")
+        if isinstance(prompt, dict):  # vLLM's prompt dicts, as a direct engine user may give them
+            prompt = as_prompt(prompt)
+        if isinstance(prompt, TextPrompt):
+            prompt, negative, images = prompt.text or "", prompt.negative_prompt, list(prompt.images)
+        elif isinstance(prompt, ChatPrompt):
+            prompt, images = prompt_text(prompt), list(prompt.images)
+        elif isinstance(prompt, SpeechPrompt):
+            prompt = prompt_text(prompt)
         if not isinstance(prompt, str):
-            raise InvalidRequestError(
-                "prompt must be a string (or a dict with a 'prompt' string)", param="prompt"
-            )
+            raise InvalidRequestError("a diffusion stage takes a text or image prompt", param="prompt")
         params = request.params
         if params is not None and not isinstance(params, dict | DiffusionParams):
             raise InvalidRequestError(
@@ -319,12 +322,6 @@ class DiffusionEngine:
             if key in req.timings:
                 metrics[key] = round(req.timings[key], 6)
         return metrics
-
-
-def _as_list(value: Any) -> list[Any]:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, list | tuple) else [value]
 
 
 def create_engine(ctx: EngineContext) -> DiffusionEngine:

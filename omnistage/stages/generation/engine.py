@@ -35,6 +35,7 @@ import torch
 
 from omnistage.config.pipeline import load_ref
 from omnistage.outputs import StageOutput
+from omnistage.prompts import TextPrompt
 from omnistage.stages.base import EngineContext, StageInputContext, StageRequest
 from omnistage.stages.engine_args import EngineArgs
 
@@ -349,6 +350,8 @@ class GenerationEngine:
         return (state.first_chunk or self.first_chunk_size) if state.fresh else self.max_chunk_size
 
     def _frames(self, value: Any) -> torch.Tensor:
+        if isinstance(value, TextPrompt):  # a stage fed its user's token ids: they are the frames
+            value = value.token_ids
         if value is None:
             return torch.empty(0, dtype=torch.long)
         return value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
