@@ -47,7 +47,8 @@ class StageSpec:
     output_modality: str | None = None
     # fn(ctx: StageInputContext) -> StageRequest; None: pass the user's prompt and params through.
     input_processor: Ref = None
-    # fn(ctx: StageInputContext, chunk: StageOutput, last: bool) -> StageRequest | dict | None
+    # fn(ctx: StageInputContext, chunk: StageOutput, last: bool) -> StageRequest (the first), the engine's
+    # inputs struct with what is new, or None (nothing new yet)
     chunk_processor: Ref = None
     # fn(ctx: EngineContext) -> StageEngine; None: the default engine of `kind`.
     engine: Ref = None

@@ -47,17 +47,12 @@ IDLE_WAIT_S = 1.0  # an idle worker wakes this often even with nothing to do (ch
 
 
 def default_input_processor(ctx: StageInputContext) -> StageRequest:
-    """Entry stages get the user's prompt; others get their upstream stages' tokens and tensors."""
+    """Entry stages get the user's prompt; others get their upstream stages' tokens as the prompt (a stage
+    that takes more, such as tensors, names an input processor that builds its engine's inputs)."""
     if not ctx.upstream:
         return StageRequest(ctx.request_id, prompt=ctx.prompt, params=ctx.params)
-    token_ids: list[int] = []
-    inputs: dict[str, Any] = {}
-    for sid in ctx.stage.inputs:
-        result = ctx.upstream[sid]
-        token_ids.extend(result.token_ids)
-        inputs.update({key: result.tensor(key) for key in result.chunks})
-        inputs.update({k: v for k, v in (("codes", result.codes), ("audio", result.audio)) if v is not None})
-    return StageRequest(ctx.request_id, prompt=token_ids, params=ctx.params, inputs=inputs)
+    token_ids = [t for sid in ctx.stage.inputs for t in ctx.upstream[sid].token_ids]
+    return StageRequest(ctx.request_id, prompt=token_ids, params=ctx.params)
 
 
 def create_engine(stage: StageSpec, deploy: StageDeploy, model_dir: str | None, device: str) -> Any:
@@ -151,7 +146,7 @@ class StageWorker:
             made.streaming_input = not msg.last
             self._add(made)
         elif rid in self.active and (made is not None or msg.last):
-            self.engine.add_chunk(rid, made or {}, msg.last)
+            self.engine.add_chunk(rid, made, msg.last)
         if msg.last:
             self.chunk_contexts.pop(rid, None)
             if rid not in self.active:

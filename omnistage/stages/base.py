@@ -29,7 +29,8 @@ class StageRequest:
     request_id: str
     prompt: Any = None
     params: Any = None
-    inputs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The engine's typed inputs (ARInputs, GenerationInputs; stages/typed_inputs.py): None, the defaults.
+    inputs: Any = None
     streaming_input: bool = False
     priority: int = 0
     # What this request counts toward usage when its prompt is not the user's input (outputs.TokenCounts);
@@ -42,8 +43,9 @@ class StageRequest:
 class StageEngine(Protocol):
     def add_request(self, request: StageRequest) -> None: ...
 
-    def add_chunk(self, request_id: str, inputs: dict[str, Any], last: bool) -> None:
-        """More input for a request added with `streaming_input=True`."""
+    def add_chunk(self, request_id: str, inputs: Any, last: bool) -> None:
+        """More input for a request added with `streaming_input=True` (the engine's inputs struct with the
+        new parts set, or None: nothing new, e.g. only the news that the input is complete)."""
         ...
 
     def abort(self, request_id: str) -> None:

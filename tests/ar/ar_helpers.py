@@ -17,6 +17,7 @@ from omnistage.config.pipeline import StageSpec
 from omnistage.families.llm.tiny import TINY, TINY_VOCAB, tiny_llm_dir
 from omnistage.families.shared.tokenizer import build_tokenizer, generation_eos_ids
 from omnistage.outputs import StageOutput, StageResult
+from omnistage.stages.ar.ar_inputs import ARInputs
 from omnistage.stages.ar.engine import AREngine, create_engine
 from omnistage.stages.ar.loader import LoadedModel, load_causal_lm
 from omnistage.stages.ar.post_sample import PostSample, SampledStep
@@ -138,19 +139,32 @@ def failing_processor(output_token_ids: list[int], logits: torch.Tensor) -> torc
     raise RuntimeError("processor exploded")
 
 
-def add_step_rows(inputs: dict, step: int, embed: torch.Tensor) -> torch.Tensor:
-    """Step hook: add row `step` of inputs["step_rows"] (what a talker does with thinker hidden states)."""
-    rows = inputs.get("step_rows")
-    if rows is None:
+@dataclasses.dataclass
+class StepRows:
+    """The test talker's extension (ARInputs.extension): rows added to generated tokens' embeddings (streamed
+    chunks append rows), and whether its hooks should fail."""
+
+    rows: torch.Tensor | None = None
+    explode: bool = False
+
+
+def step_rows(rows: torch.Tensor | None = None, explode: bool = False) -> ARInputs:
+    return ARInputs(extension=StepRows(rows, explode))
+
+
+def add_step_rows(inputs: ARInputs, step: int, embed: torch.Tensor) -> torch.Tensor:
+    """Step hook: add row `step` of the StepRows (what a talker does with thinker hidden states)."""
+    extension = inputs.extension
+    if extension is None or extension.rows is None:
         return embed
-    if inputs.get("explode"):
+    if extension.explode:
         raise ValueError("hook exploded")
-    return embed + rows[step].to(embed.dtype)
+    return embed + extension.rows[step].to(embed.dtype)
 
 
-def step_row_ready(inputs: dict, step: int) -> bool:
+def step_row_ready(inputs: ARInputs, step: int) -> bool:
     """Step-ready hook for `add_step_rows`: row `step` has arrived, or no more will."""
-    return inputs.get("input_finished", True) or step < inputs["step_rows"].shape[0]
+    return inputs.input_finished or step < inputs.extension.rows.shape[0]
 
 
 def build_tiny_qwen2_vl(path) -> None:
@@ -242,7 +256,7 @@ def load_toy_talker(model_dir: str, dtype: torch.dtype, device: str) -> ToyTalke
 
 def predict_codes(model: ToyTalker, step: SampledStep) -> PostSample:
     """Post-sample hook: the frame's other codebooks and the next input, for the whole step at once."""
-    if any(inputs.get("explode") for inputs in step.inputs):
+    if any(inputs.extension is not None and inputs.extension.explode for inputs in step.inputs):
         raise ValueError("code predictor exploded")
     codes, next_embeds = model.code_predictor(step.hidden, model.embed(step.token_ids))
     return PostSample(codes=codes, next_embeds=next_embeds)

@@ -11,7 +11,7 @@ from omnistage.cache import cached_dir
 from omnistage.params import SamplingParams
 from omnistage.stages.base import StageRequest
 from tests.ar import ar_helpers
-from tests.ar.ar_helpers import hf_greedy, hf_model, make_engine, run
+from tests.ar.ar_helpers import hf_greedy, hf_model, make_engine, run, step_rows
 
 pytestmark = pytest.mark.engine
 
@@ -125,19 +125,19 @@ def step_rows_case(num_rows: int) -> tuple[torch.Tensor, list[int]]:
 def test_step_embed_hook_adds_a_row_per_generated_token() -> None:
     rows, expected = step_rows_case(12)
     engine = make_engine(engine_args={"step_embed_hook": "tests.ar.ar_helpers:add_step_rows"})
-    streaming = StageRequest("stream", PROMPT, params(), inputs={"step_rows": rows[:3]}, streaming_input=True)
+    streaming = StageRequest("stream", PROMPT, params(), inputs=step_rows(rows[:3]), streaming_input=True)
 
     def feed(step: int, eng) -> None:
         if step == 1:
-            eng.add_chunk("stream", {"step_rows": rows[3:]}, last=True)
+            eng.add_chunk("stream", step_rows(rows[3:]), last=True)
 
     results, deltas = run(
         engine,
         [
-            StageRequest("hooked", PROMPT, params(), inputs={"step_rows": rows}),
+            StageRequest("hooked", PROMPT, params(), inputs=step_rows(rows)),
             streaming,
             StageRequest("none", PROMPT, params()),
-            StageRequest("boom", PROMPT, params(), inputs={"step_rows": rows, "explode": True}),
+            StageRequest("boom", PROMPT, params(), inputs=step_rows(rows, explode=True)),
         ],
         on_step=feed,
     )
@@ -155,7 +155,7 @@ def test_step_ready_hook_holds_a_sequence_until_its_row_arrives() -> None:
     hooks = {"step_embed_hook": "tests.ar.ar_helpers:add_step_rows"}
     engine = make_engine(engine_args={**hooks, "step_ready_hook": "tests.ar.ar_helpers:step_row_ready"})
     engine.add_request(
-        StageRequest("slow", PROMPT, params(), inputs={"step_rows": rows[:1]}, streaming_input=True)
+        StageRequest("slow", PROMPT, params(), inputs=step_rows(rows[:1]), streaming_input=True)
     )
     engine.add_request(StageRequest("plain", PROMPT, params(4)))
     tokens: dict[str, list[int]] = {"slow": [], "plain": []}
@@ -166,7 +166,7 @@ def test_step_ready_hook_holds_a_sequence_until_its_row_arrives() -> None:
             assert engine.stats()["num_running"] == 1  # waiting for a row, holding its place
             assert len(tokens["slow"]) == sent + 1  # the prefill's token, then one per row
             last = sent + 2 >= len(rows) - 1  # token k needs row k - 1: 10 tokens, 9 rows
-            engine.add_chunk("slow", {"step_rows": rows[sent : sent + 2]}, last=last)
+            engine.add_chunk("slow", step_rows(rows[sent : sent + 2]), last=last)
             sent += 2
             if last:
                 break
@@ -185,7 +185,7 @@ def test_step_ready_hook_holds_a_sequence_until_its_row_arrives() -> None:
     # Aborted while it waits for a row: nothing is left running and its blocks come back.
     free = engine.stats()["kv_blocks_free"]
     engine.add_request(
-        StageRequest("gone", PROMPT, params(), inputs={"step_rows": rows[:1]}, streaming_input=True)
+        StageRequest("gone", PROMPT, params(), inputs=step_rows(rows[:1]), streaming_input=True)
     )
     for _ in range(20):
         if not engine.has_work():

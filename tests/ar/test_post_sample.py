@@ -9,7 +9,7 @@ import torch
 
 from omnistage.params import SamplingParams
 from omnistage.stages.base import StageRequest
-from tests.ar.ar_helpers import CODEBOOKS, hf_greedy, make_engine, reference_talker, run
+from tests.ar.ar_helpers import CODEBOOKS, hf_greedy, make_engine, reference_talker, run, step_rows
 from tests.ar.test_greedy import workload
 
 pytestmark = pytest.mark.engine
@@ -32,7 +32,7 @@ def requests(prompts: list[list[int]], explode: set[int] = frozenset()) -> list[
             f"r{i}",
             prompt=p,
             params=SamplingParams(temperature=0.0, max_tokens=MAX_NEW),
-            inputs={"explode": True} if i in explode else None,
+            inputs=step_rows(explode=True) if i in explode else None,
         )
         for i, p in enumerate(prompts)
     ]

@@ -16,6 +16,7 @@ from omnistage.families.qwen2_5_omni.token2wav import (
 )
 from omnistage.params import GenerationParams
 from omnistage.stages.base import EngineContext, StageRequest
+from omnistage.stages.generation.generation_inputs import GenerationInputs
 from tests.qwen2_5_omni.conftest import ASYNC_TOLERANCE, assert_async_audio_close, first_chunk_samples
 
 pytestmark = pytest.mark.engine
@@ -41,12 +42,12 @@ def engine(omni_dir, async_chunk: bool, **engine_args):
 def stream(eng, codes, step: int, seed: int = 0) -> tuple[torch.Tensor, int]:
     """Feed `codes` `step` at a time as a talker would; return the joined audio and how many pieces came."""
     params = GenerationParams(seed=seed, extra={"speaker": "Chelsie"})
-    first = {"codes": torch.tensor(codes[:step])}
+    first = GenerationInputs(torch.tensor(codes[:step]))
     eng.add_request(StageRequest("r", params=params, inputs=first, streaming_input=True))
     pieces = drain(eng)
     for start in range(step, len(codes), step):
         eng.add_chunk(
-            "r", {"codes": torch.tensor(codes[start : start + step])}, last=start + step >= len(codes)
+            "r", GenerationInputs(torch.tensor(codes[start : start + step])), last=start + step >= len(codes)
         )
         pieces += drain(eng)
     audio = [o.audio for o in pieces if o.audio.numel()]
@@ -131,7 +132,7 @@ def test_spans_return_the_emitted_part_of_the_whole_window(generator, codes):
 def test_full_handoff_engine_decodes_once_and_exactly(omni_dir, generator, codes):
     eng = engine(omni_dir, async_chunk=False)
     params = GenerationParams(seed=4, extra={"speaker": "Chelsie"})
-    eng.add_request(StageRequest("r", params=params, inputs={"codes": torch.tensor(codes)}))
+    eng.add_request(StageRequest("r", params=params, inputs=GenerationInputs(torch.tensor(codes))))
     outs = drain(eng)
     assert len(outs) == 1 and outs[0].finished and eng.passes == 1
     assert outs[0].sample_rate == 24000

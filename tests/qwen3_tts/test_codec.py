@@ -12,6 +12,7 @@ from omnistage.config.deploy import StageDeploy
 from omnistage.config.pipeline import StageSpec
 from omnistage.families.qwen3_tts.decoder_stage import create_engine
 from omnistage.stages.base import EngineContext, StageRequest
+from omnistage.stages.generation.generation_inputs import GenerationInputs
 from tests.qwen3_tts.reference_outputs import reference_codes, reference_waveforms, tiny_dir
 from tests.qwen3_tts.test_talker import reference_requests
 
@@ -54,14 +55,14 @@ def stream(eng, codes: list[torch.Tensor], piece: int = 7) -> dict[str, torch.Te
     """Feed each request's frames `piece` at a time (as a talker would), step until every request ends."""
     fed = [min(piece, len(c)) for c in codes]
     for i, c in enumerate(codes):
-        eng.add_request(StageRequest(f"r{i}", inputs={"codes": c[: fed[i]]}, streaming_input=True))
+        eng.add_request(StageRequest(f"r{i}", inputs=GenerationInputs(c[: fed[i]]), streaming_input=True))
     audio: dict[str, list[torch.Tensor]] = {f"r{i}": [] for i in range(len(codes))}
     finished: set[str] = set()
     for _ in range(10_000):
         for i, c in enumerate(codes):
             if fed[i] < len(c):
                 n = min(piece, len(c) - fed[i])
-                eng.add_chunk(f"r{i}", {"codes": c[fed[i] : fed[i] + n]}, fed[i] + n >= len(c))
+                eng.add_chunk(f"r{i}", GenerationInputs(c[fed[i] : fed[i] + n]), fed[i] + n >= len(c))
                 fed[i] += n
             elif fed[i] == len(c):  # all of it came in the first piece: the talker ends
                 eng.add_chunk(f"r{i}", {}, True)
@@ -95,7 +96,7 @@ def test_full_handoff_equals_reference() -> None:
     expected += reference_waveforms(tiny_dir("custom_voice"), [long], frames=JOIN)
     eng = engine(async_chunk=False)
     for i, c in enumerate(codes):
-        eng.add_request(StageRequest(f"r{i}", inputs={"codes": c}))
+        eng.add_request(StageRequest(f"r{i}", inputs=GenerationInputs(c)))
     got = {}
     for _ in range(100):
         for out in eng.step():
@@ -141,7 +142,7 @@ def test_streamed_chunks_join_into_the_one_pass_waveform_and_free_their_state() 
     got = stream(eng, codes)
     assert generator.streams == {}
     assert_join_one_pass(codec, codes, got)
-    eng.add_request(StageRequest("cut", inputs={"codes": codes[-1][:30]}, streaming_input=True))
+    eng.add_request(StageRequest("cut", inputs=GenerationInputs(codes[-1][:30]), streaming_input=True))
     outputs = eng.step()  # its first chunk: the stream starts
     assert [out.request_id for out in outputs] == ["cut"] and not outputs[0].finished
     assert "cut" in generator.streams

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from omnistage.stages.base import StageRequest
+from omnistage.stages.generation.generation_inputs import GenerationInputs
 from tests.qwen3_tts.test_codec import FRAME, engine
 
 pytestmark = pytest.mark.engine
@@ -33,14 +34,20 @@ def first_outputs(eng, requests: list[StageRequest]) -> dict[str, int]:
 def test_first_chunk_follows_load_and_the_request() -> None:
     eng = engine(async_chunk=True, chunk_frames=25, first_chunk_frames=[2, 4, 8, 16])
     assert eng.max_num_seqs == 8
-    reqs = [StageRequest(f"r{i}", inputs={"codes": codes(i, 30)}, streaming_input=True) for i in range(8)]
+    reqs = [
+        StageRequest(f"r{i}", inputs=GenerationInputs(codes(i, 30)), streaming_input=True) for i in range(8)
+    ]
     got = first_outputs(eng, reqs)
     # arrival k of 8 (load k/8): 2 frames alone, 4 at a quarter to half, 8 at half, 16 when nearly full
     assert [got[f"r{i}"] for i in range(8)] == [2, 4, 4, 8, 8, 16, 16, 16]
     eng = engine(async_chunk=True, chunk_frames=25, first_chunk_frames=[2, 4, 8, 16])
     asked = [
-        StageRequest("three", inputs={"codes": codes(1, 30), "first_chunk_frames": 3}, streaming_input=True),
-        StageRequest("zero", inputs={"codes": codes(2, 30), "first_chunk_frames": 0}, streaming_input=True),
+        StageRequest(
+            "three", inputs=GenerationInputs(codes(1, 30), first_chunk_frames=3), streaming_input=True
+        ),
+        StageRequest(
+            "zero", inputs=GenerationInputs(codes(2, 30), first_chunk_frames=0), streaming_input=True
+        ),
     ]
     assert first_outputs(eng, asked) == {"three": 3, "zero": 25}
 
@@ -53,12 +60,12 @@ def test_context_frames_are_decoded_never_emitted() -> None:
     full = engine(async_chunk=False)
     with torch.no_grad():
         one_pass = full.generator.codec(whole.T[None])[0, 0]
-    full.add_request(StageRequest("r", inputs={"codes": whole, "context_frames": 12}))
+    full.add_request(StageRequest("r", inputs=GenerationInputs(whole, context_frames=12)))
     (out,) = full.step()
     assert out.finished and out.audio.shape == (10 * FRAME,)
     assert float((out.audio - one_pass[12 * FRAME :]).abs().max()) <= 1e-5
     chunked = engine(async_chunk=True, chunk_frames=25, first_chunk_frames=4, left_context_frames="exact")
-    head = {"codes": whole[:16], "context_frames": 12}
+    head = GenerationInputs(whole[:16], context_frames=12)
     chunked.add_request(StageRequest("r", inputs=head, streaming_input=True))
     (first,) = chunked.step()
     assert first.audio.shape == (4 * FRAME,)

@@ -146,7 +146,12 @@ def test_seeded_sampling_gives_the_same_codes_alone_and_batched() -> None:
         for req, seed in zip(out, seeds, strict=True):
             req.params = msgspec.structs.replace(req.params, temperature=0.9, top_k=50, seed=seed)
             if subtalker:
-                req.inputs["subtalker"] = {"temperature": 0.9, "top_k": 50, "top_p": 0.95, "seed": seed + 100}
+                req.inputs.extension.subtalker = {
+                    "temperature": 0.9,
+                    "top_k": 50,
+                    "top_p": 0.95,
+                    "seed": seed + 100,
+                }
         return out
 
     engine = talker("custom_voice")

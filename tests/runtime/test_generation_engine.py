@@ -7,6 +7,7 @@ from omnistage.config.deploy import StageDeploy
 from omnistage.config.pipeline import StageKind, StageSpec
 from omnistage.stages.base import EngineContext, StageRequest
 from omnistage.stages.generation.engine import GenerationEngine, create_engine, one_unit
+from omnistage.stages.generation.generation_inputs import GenerationInputs
 from tests.support.toy_stages import ToyVocoder
 
 pytestmark = pytest.mark.engine
@@ -28,7 +29,7 @@ def test_full_handoff_is_one_pass_per_batch():
     engine = GenerationEngine(vocoder, max_num_seqs=4)
     codes = {f"r{i}": torch.randint(0, 64, (5 + i,)) for i in range(3)}
     for rid, c in codes.items():
-        engine.add_request(StageRequest(rid, inputs={"codes": c}))
+        engine.add_request(StageRequest(rid, inputs=GenerationInputs(c)))
     outs = drain(engine)
     assert engine.passes == 1 and all(o.finished for o in outs)
     for rid, c in codes.items():
@@ -41,11 +42,11 @@ def test_chunked_decoding_with_context_equals_one_pass():
     codes = torch.randint(0, 64, (11,))
     reference = vocoder.generate([codes], [None])[0]
     engine = GenerationEngine(vocoder, chunk_size=3, left_context=1, right_context=1)
-    engine.add_request(StageRequest("r", inputs={"codes": codes[:2]}, streaming_input=True))
+    engine.add_request(StageRequest("r", inputs=GenerationInputs(codes[:2]), streaming_input=True))
     assert not engine.has_work()  # 2 frames < chunk + lookahead: wait for more input
     outs = []
     for start in range(2, 11, 2):
-        engine.add_chunk("r", {"codes": codes[start : start + 2]}, last=start + 2 >= 11)
+        engine.add_chunk("r", GenerationInputs(codes[start : start + 2]), last=start + 2 >= 11)
         outs.extend(drain(engine))
     assert outs[-1].finished and sum(o.finished for o in outs) == 1
     assert len(outs) > 2  # audio came out in pieces, before the input was complete
@@ -56,14 +57,16 @@ def test_without_context_chunk_edges_differ():
     vocoder = ToyVocoder(outputs_per_frame=10)
     codes = torch.randint(0, 64, (9,))
     engine = GenerationEngine(vocoder, chunk_size=3)
-    engine.add_request(StageRequest("r", inputs={"codes": codes}, streaming_input=False))
+    engine.add_request(StageRequest("r", inputs=GenerationInputs(codes), streaming_input=False))
     assert not torch.allclose(joined(drain(engine), "r"), vocoder.generate([codes], [None])[0])
 
 
 def test_abort_and_empty_final_chunk():
     engine = GenerationEngine(ToyVocoder(outputs_per_frame=4), chunk_size=2)
-    engine.add_request(StageRequest("a", inputs={"codes": torch.tensor([1, 2, 3])}, streaming_input=True))
-    engine.add_request(StageRequest("b", inputs={"codes": torch.tensor([1, 2])}, streaming_input=True))
+    engine.add_request(
+        StageRequest("a", inputs=GenerationInputs(torch.tensor([1, 2, 3])), streaming_input=True)
+    )
+    engine.add_request(StageRequest("b", inputs=GenerationInputs(torch.tensor([1, 2])), streaming_input=True))
     engine.abort("a")
     outs = drain(engine)
     assert [o.request_id for o in outs] == ["b"] and not outs[0].finished
@@ -95,13 +98,13 @@ def test_a_request_behind_catches_up_in_longer_spans():
     vocoder = ToyVocoder(outputs_per_frame=2)
     codes = torch.randint(0, 64, (11,))
     engine = GenerationEngine(vocoder, chunk_size=3, max_chunk_size=7, left_context=1, right_context=1)
-    engine.add_request(StageRequest("r", inputs={"codes": codes[:4]}, streaming_input=True))
+    engine.add_request(StageRequest("r", inputs=GenerationInputs(codes[:4]), streaming_input=True))
     first = engine.step()
     assert first[0].audio.numel() == 3 * 2
-    engine.add_chunk("r", {"codes": codes[4:10]}, last=False)
+    engine.add_chunk("r", GenerationInputs(codes[4:10]), last=False)
     behind = engine.step()
     assert behind[0].audio.numel() == 6 * 2  # 6 frames ready: two whole chunks in one span
-    engine.add_chunk("r", {"codes": codes[10:]}, last=True)
+    engine.add_chunk("r", GenerationInputs(codes[10:]), last=True)
     outs = first + behind + drain(engine)
     assert outs[-1].finished
     assert torch.allclose(joined(outs, "r"), vocoder.generate([codes], [None])[0], atol=1e-6)
@@ -113,7 +116,7 @@ def test_first_output_is_one_chunk_however_much_is_ready():
     codes = torch.randint(0, 64, (20,))
     engine = GenerationEngine(vocoder, chunk_size=3, max_chunk_size=9, left_context=1, right_context=1)
     for rid, last in (("streaming", False), ("complete", True)):
-        engine.add_request(StageRequest(rid, inputs={"codes": codes}, streaming_input=not last))
+        engine.add_request(StageRequest(rid, inputs=GenerationInputs(codes), streaming_input=not last))
     first = engine.step()
     assert sorted(o.request_id for o in first) == ["complete", "streaming"]
     assert all(o.audio.numel() == 3 * 2 for o in first)
@@ -129,13 +132,13 @@ def test_a_smaller_first_chunk_then_whole_chunks():
     vocoder = ToyVocoder(outputs_per_frame=2)
     codes = torch.randint(0, 64, (14,))
     engine = GenerationEngine(vocoder, chunk_size=4, first_chunk_size=2, left_context=1, right_context=1)
-    engine.add_request(StageRequest("r", inputs={"codes": codes[:3]}, streaming_input=True))
+    engine.add_request(StageRequest("r", inputs=GenerationInputs(codes[:3]), streaming_input=True))
     outs = drain(engine)
     assert [o.audio.numel() for o in outs] == [2 * 2]  # 3 frames: first chunk + right context
-    engine.add_chunk("r", {"codes": codes[3:10]}, last=False)
+    engine.add_chunk("r", GenerationInputs(codes[3:10]), last=False)
     outs += drain(engine)
     assert [o.audio.numel() for o in outs] == [2 * 2, 4 * 2]  # then whole chunks of 4
-    engine.add_chunk("r", {"codes": codes[10:]}, last=True)
+    engine.add_chunk("r", GenerationInputs(codes[10:]), last=True)
     outs += drain(engine)
     assert outs[-1].finished
     assert torch.allclose(joined(outs, "r"), vocoder.generate([codes], [None])[0], atol=1e-6)
@@ -144,10 +147,10 @@ def test_a_smaller_first_chunk_then_whole_chunks():
 def test_first_chunks_go_first_and_alone():
     """A request that has output nothing yet is decoded before, and without, requests already playing."""
     engine = GenerationEngine(ToyVocoder(outputs_per_frame=2), chunk_size=2, max_chunk_size=8)
-    engine.add_request(StageRequest("old", inputs={"codes": torch.arange(2)}, streaming_input=True))
+    engine.add_request(StageRequest("old", inputs=GenerationInputs(torch.arange(2)), streaming_input=True))
     assert [o.request_id for o in engine.step()] == ["old"]
-    engine.add_chunk("old", {"codes": torch.arange(6)}, last=False)
-    engine.add_request(StageRequest("new", inputs={"codes": torch.arange(2)}, streaming_input=True))
+    engine.add_chunk("old", GenerationInputs(torch.arange(6)), last=False)
+    engine.add_request(StageRequest("new", inputs=GenerationInputs(torch.arange(2)), streaming_input=True))
     assert [o.request_id for o in engine.step()] == ["new"]
     outs = engine.step()  # then the one behind catches up in one longer span
     assert [o.request_id for o in outs] == ["old"] and outs[0].audio.numel() == 6 * 2
@@ -159,16 +162,16 @@ def test_a_first_chunk_with_less_look_ahead():
     vocoder = ToyVocoder(outputs_per_frame=2)
     codes = torch.randint(0, 64, (12,))
     engine = GenerationEngine(vocoder, chunk_size=2, left_context=1, right_context=3, first_right_context=1)
-    engine.add_request(StageRequest("r", inputs={"codes": codes[:3]}, streaming_input=True))
+    engine.add_request(StageRequest("r", inputs=GenerationInputs(codes[:3]), streaming_input=True))
     outs = drain(engine)
     assert [o.audio.numel() for o in outs] == [2 * 2]  # 2 frames + 1 ahead suffice
-    engine.add_chunk("r", {"codes": codes[3:6]}, last=False)
+    engine.add_chunk("r", GenerationInputs(codes[3:6]), last=False)
     outs += drain(engine)
     assert len(outs) == 1  # 4 more frames: a chunk of 2 still needs 3 ahead
-    engine.add_chunk("r", {"codes": codes[6:7]}, last=False)
+    engine.add_chunk("r", GenerationInputs(codes[6:7]), last=False)
     outs += drain(engine)
     assert [o.audio.numel() for o in outs] == [2 * 2, 2 * 2]
-    engine.add_chunk("r", {"codes": codes[7:]}, last=True)
+    engine.add_chunk("r", GenerationInputs(codes[7:]), last=True)
     outs += drain(engine)
     # The toy's conv sees one frame each side: one frame of look-ahead is already exact for it.
     assert outs[-1].finished
@@ -193,13 +196,15 @@ def test_a_first_chunk_overtakes_a_pass_in_progress():
     def run(vocoder, abort=False):
         engine = GenerationEngine(vocoder, chunk_size=2, max_chunk_size=8, left_context=1, right_context=1)
         for rid in ("a", "b", "c"):
-            engine.add_request(StageRequest(rid, inputs={"codes": torch.arange(3)}, streaming_input=True))
+            engine.add_request(
+                StageRequest(rid, inputs=GenerationInputs(torch.arange(3)), streaming_input=True)
+            )
         outs = drain(engine)  # their first chunks
         for rid in ("a", "b", "c"):
-            engine.add_chunk(rid, {"codes": torch.arange(5, 11)}, last=True)
+            engine.add_chunk(rid, GenerationInputs(torch.arange(5, 11)), last=True)
         outs.extend(engine.step())  # starts the catch-up pass of a, b, c
         order = [o.request_id for o in outs[3:]]
-        engine.add_request(StageRequest("new", inputs={"codes": torch.arange(20, 22)}))
+        engine.add_request(StageRequest("new", inputs=GenerationInputs(torch.arange(20, 22))))
         if abort:
             engine.abort("b")
         while engine.has_work():
@@ -255,17 +260,17 @@ def test_streams_feed_each_frame_once_and_end_with_their_requests():
     engine = GenerationEngine(gen, chunk_size=4, first_chunk_size=2, streams=True)
     codes = torch.arange(1, 24)
     engine.add_request(
-        StageRequest("r", inputs={"codes": codes[:5], "context_frames": 3}, streaming_input=True)
+        StageRequest("r", inputs=GenerationInputs(codes[:5], context_frames=3), streaming_input=True)
     )
     outs = drain(engine)
     for start in range(5, 23, 5):
-        engine.add_chunk("r", {"codes": codes[start : start + 5]}, last=start + 5 >= 23)
+        engine.add_chunk("r", GenerationInputs(codes[start : start + 5]), last=start + 5 >= 23)
         outs.extend(drain(engine))
     assert outs[-1].finished and len(outs) > 2
     one_pass = torch.cumsum(codes.double(), 0).repeat_interleave(3)
     assert torch.equal(joined(outs, "r"), one_pass[3 * 3 :])  # the context frames' output is not emitted
     assert gen.fed == len(codes) and gen.streams == {}
-    engine.add_request(StageRequest("cut", inputs={"codes": codes[:6]}, streaming_input=True))
+    engine.add_request(StageRequest("cut", inputs=GenerationInputs(codes[:6]), streaming_input=True))
     assert not drain(engine)[-1].finished and "cut" in gen.streams
     engine.abort("cut")
     assert gen.streams == {}

@@ -23,6 +23,7 @@ from omnistage.runtime.stage_board import HOLD_S, BoardSeat, StageBoard
 from omnistage.runtime.stage_process import StageWorker
 from omnistage.stages.base import StageRequest
 from omnistage.stages.generation.engine import GenerationEngine
+from omnistage.stages.generation.generation_inputs import GenerationInputs
 from tests.support.toy_stages import ToyVocoder, speech_pipeline
 
 VOCODER = StageSpec(0, "voc", StageKind.GENERATION, final_output=True, output_modality="audio")
@@ -126,7 +127,7 @@ def test_a_worker_publishes_its_streaming_first_chunk_while_computing_it(board):
     engine = GenerationEngine(TwoUnitVocoder(outputs_per_frame=2), chunk_size=2, right_context=1)
     emitted = []
     worker = sharing_worker(engine, emitted, board, 0, YIELDS)
-    engine.add_request(StageRequest("r", inputs={"codes": torch.arange(3)}, streaming_input=True))
+    engine.add_request(StageRequest("r", inputs=GenerationInputs(torch.arange(3)), streaming_input=True))
     worker.active.add("r")
     assert engine.first_output_pending()  # ready, not started yet
     worker.step()
@@ -134,10 +135,10 @@ def test_a_worker_publishes_its_streaming_first_chunk_while_computing_it(board):
     worker.step()
     assert [o.request_id for o in emitted] == ["r"] and not board.others_pending(1)
     assert worker.sharing.yielded["steps"] == 0  # it did not wait for its own seat
-    engine.add_chunk("r", {"codes": torch.arange(3, 6)}, last=True)
+    engine.add_chunk("r", GenerationInputs(torch.arange(3, 6)), last=True)
     worker.step()
     assert not board.others_pending(1)  # a later chunk is not a first output
-    engine.add_request(StageRequest("whole", inputs={"codes": torch.arange(4)}))
+    engine.add_request(StageRequest("whole", inputs=GenerationInputs(torch.arange(4))))
     assert engine.has_work() and not engine.first_output_pending()  # full handoff: not a streaming chunk
     worker.close()
 

@@ -172,16 +172,16 @@ class ToyMapEngine(ToyEngineBase):
         super().__init__(ctx, seed=2)
 
     def add_request(self, request: StageRequest) -> None:
-        pending = list(request.inputs.get("tokens", []))
+        pending = list((request.inputs or {}).get("tokens", []))
         if not request.inputs and request.prompt is not None:
             pending = prompt_tokens(request.prompt)
         self.requests[request.request_id] = {"pending": pending, "complete": not request.streaming_input}
         self.started += 1
 
-    def add_chunk(self, request_id: str, inputs: dict[str, Any], last: bool) -> None:
+    def add_chunk(self, request_id: str, inputs: dict[str, Any] | None, last: bool) -> None:
         req = self.requests.get(request_id)
         if req is not None:
-            req["pending"].extend(inputs.get("tokens", []))
+            req["pending"].extend((inputs or {}).get("tokens", []))
             req["complete"] = req["complete"] or last
 
     def has_work(self) -> bool:

@@ -4,8 +4,8 @@ a diffusion step adapter. `register()` is all omnistage needs; nothing outside t
 
 - `toy-speaker` (model.py, pipeline.py): an AR talker whose decoder layers are classes of its own (Llama's
   arithmetic under other names, so the lean decoder runs them only through the form registered here), with
-  an extra forward input `toy_shift` that moves every prompt embedding, set by the speech option of the
-  same name; its tokens are spoken by the runtime's toy vocoder.
+  an extra forward input `toy_shift` that moves every prompt embedding (the request's `ToyShift`
+  extension), set by the speech option of the same name; its tokens are spoken by the runtime's toy vocoder.
 - `toy-sd` (diffusion.py): Stable Diffusion 1.x (`StableDiffusionPipeline`, which no built-in family
   serves), stepped by the engine through the step adapter registered here.
 """
@@ -20,8 +20,8 @@ def register() -> None:
     from omnistage.stages.ar.extra_inputs import register_extra_input
     from omnistage.stages.diffusion.adapters import register_step_adapter
     from tests.toy_family.diffusion import StableDiffusionAdapter
-    from tests.toy_family.model import shift_kwargs
+    from tests.toy_family.model import ToyShift, shift_kwargs
 
     register_layer_form(LayerForm("ToyDecoderLayer", "ToyAttention", ("ToyRMSNorm",)))
-    register_extra_input("toy_shift", shift_kwargs)
+    register_extra_input(ToyShift, shift_kwargs)
     register_step_adapter("StableDiffusionPipeline", StableDiffusionAdapter)

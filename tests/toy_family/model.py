@@ -4,6 +4,7 @@ input `toy_shift` (rows added to the input embeddings of the prompt positions th
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -63,15 +64,23 @@ def load_toy_talker(model_dir: str, dtype: torch.dtype, device: str) -> LoadedMo
     return loaded
 
 
+@dataclasses.dataclass
+class ToyShift:
+    """The talker request's extension (ARInputs.extension): `row` [H], added to every prompt embedding."""
+
+    row: torch.Tensor
+
+
 def shift_kwargs(batch: list[Any], offsets: list[int], total: int, device: torch.device) -> dict[str, Any]:
-    """The extra input's builder: a request's `toy_shift` row [H] on each of its prompt positions in this
+    """The extra input's builder: a request's `ToyShift` row [H] on each of its prompt positions in this
     step, zeros elsewhere."""
     shift = None
     for item, offset in zip(batch, offsets, strict=True):
-        row = item.seq.request.inputs.get("toy_shift")
+        extension = item.seq.request.inputs.extension
         end = min(item.start + item.num_tokens, item.seq.num_prompt_tokens)
-        if row is None or end <= item.start:
+        if not isinstance(extension, ToyShift) or end <= item.start:
             continue
+        row = extension.row
         shift = shift if shift is not None else torch.zeros(total, row.shape[0])
         shift[offset : offset + end - item.start] = row
     return {} if shift is None else {"toy_shift": shift[None].to(device)}

@@ -10,7 +10,9 @@ import torch
 from omnistage.config.capabilities import Capabilities, Limits, SpeechOption
 from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
 from omnistage.prompts import SpeechPrompt, prompt_text
+from omnistage.stages.ar.ar_inputs import ARInputs
 from omnistage.stages.base import StageInputContext, StageRequest
+from omnistage.stages.generation.generation_inputs import GenerationInputs
 from tests.support.toy_stages import VOCAB
 from tests.toy_family import FAMILY
 
@@ -23,17 +25,19 @@ SHIFT = SpeechOption(
 
 def talker_input(ctx: StageInputContext) -> StageRequest:
     """The prompt's text, and the `toy_shift` option as the extra input (one row, for every prompt row)."""
-    inputs = {}
+    from tests.toy_family.model import ToyShift  # model code: loaded in the talker's process only
+
+    inputs = ARInputs()
     shift = ctx.prompt.options.get("toy_shift") if isinstance(ctx.prompt, SpeechPrompt) else None
     if shift:
-        inputs["toy_shift"] = torch.full((ctx.resources.config.hidden_size,), float(shift))
+        inputs.extension = ToyShift(torch.full((ctx.resources.config.hidden_size,), float(shift)))
     return StageRequest(ctx.request_id, prompt=prompt_text(ctx.prompt), params=ctx.params, inputs=inputs)
 
 
 def vocoder_input(ctx: StageInputContext) -> StageRequest:
     """The talker's tokens as the toy vocoder's codes (its code book is smaller than the vocabulary)."""
     codes = torch.tensor(ctx.upstream[0].token_ids) % VOCAB
-    return StageRequest(ctx.request_id, params=ctx.params, inputs={"codes": codes})
+    return StageRequest(ctx.request_id, params=ctx.params, inputs=GenerationInputs(codes))
 
 
 TOY_SPEAKER = PipelineSpec(

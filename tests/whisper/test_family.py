@@ -13,6 +13,7 @@ from omnistage.config.deploy import StageDeploy
 from omnistage.demo.whisper import whisper_dir
 from omnistage.families.whisper.encoder import WhisperEncoderGenerator, as_segments
 from omnistage.families.whisper.pipeline import WHISPER_EN, transcription_prompt
+from omnistage.stages.ar.ar_inputs import ARInputs
 from omnistage.stages.ar.engine import AREngine
 from omnistage.stages.base import EngineContext, StageRequest
 from tests.support.asr import word_errors
@@ -81,7 +82,7 @@ def test_random_whisper_greedy_equals_transformers_solo_and_staggered(random_dir
     def request(i: int) -> StageRequest:
         params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW)
         return StageRequest(
-            f"r{i}", prompt=prompt, params=params, inputs={"encoder_hidden_states": states[i]}
+            f"r{i}", prompt=prompt, params=params, inputs=ARInputs(encoder_hidden_states=states[i])
         )
 
     solo = _run_staggered(engine, [request(0)], 1)

@@ -10,6 +10,7 @@ import torch
 
 from omnistage.errors import InvalidRequestError
 from omnistage.families.whisper.decoding import MAX_PROMPT_TOKENS, SuppressTokens, decoder_prompt
+from omnistage.stages.ar.ar_inputs import ARInputs
 from omnistage.stages.ar.cross_attention import encoder_states
 
 pytestmark = pytest.mark.unit
@@ -67,9 +68,9 @@ def test_suppressed_tokens_at_every_step_and_begin_tokens_at_the_first():
 
 def test_encoder_states_one_shared_or_one_per_sequence():
     a, b = torch.zeros(5, 4), torch.ones(6, 4)
-    assert encoder_states({"encoder_hidden_states": a}, 3, 4) == [a, a, a]
-    assert encoder_states({"encoder_hidden_states": [a, b]}, 2, 4) == [a, b]
-    for inputs in ({}, {"encoder_hidden_states": [a, b]}, {"encoder_hidden_states": torch.zeros(5, 3)}):
+    assert encoder_states(ARInputs(encoder_hidden_states=a), 3, 4) == [a, a, a]
+    assert encoder_states(ARInputs(encoder_hidden_states=[a, b]), 2, 4) == [a, b]
+    for states in (None, [a, b], torch.zeros(5, 3)):
         with pytest.raises(InvalidRequestError) as info:
-            encoder_states(inputs, 3, 4)
+            encoder_states(ARInputs(encoder_hidden_states=states), 3, 4)
         assert info.value.param == "encoder_hidden_states"

@@ -30,6 +30,7 @@ from omnistage.outputs import StageOutput, TokenCounts
 from omnistage.params import GenerationParams
 from omnistage.prompts import SpeechPrompt, prompt_text
 from omnistage.stages.base import StageInputContext, StageRequest
+from omnistage.stages.generation.generation_inputs import GenerationInputs
 
 HERE = Path(__file__).parent
 FAMILY = f"{__package__}:register"  # omnistage/families/registry.py
@@ -64,17 +65,21 @@ def speech_input(ctx: StageInputContext) -> StageRequest:
         )
     counts = TokenCounts(input_text_tokens=int((frames >= 0).sum()))  # the voice reads phonemes
     return StageRequest(
-        ctx.request_id, params=voice_params(ctx), inputs={"codes": frames}, token_counts=counts
+        ctx.request_id, params=voice_params(ctx), inputs=GenerationInputs(frames), token_counts=counts
     )
 
 
 def reply_input(ctx: StageInputContext) -> StageRequest:
     """Full handoff: the LLM's finished answer."""
     units, _ = speech_units(ctx.upstream[0].text, final=True, first=True)
-    return StageRequest(ctx.request_id, params=voice_params(ctx), inputs={"codes": _frames(ctx, units)})
+    return StageRequest(
+        ctx.request_id, params=voice_params(ctx), inputs=GenerationInputs(_frames(ctx, units))
+    )
 
 
-def reply_chunk(ctx: StageInputContext, chunk: StageOutput, last: bool) -> StageRequest | dict | None:
+def reply_chunk(
+    ctx: StageInputContext, chunk: StageOutput, last: bool
+) -> StageRequest | GenerationInputs | None:
     """Async chunk: each complete unit of the LLM's text, as soon as the text shows it is complete."""
     state = ctx.state
     state["text"] = state.get("text", "") + chunk.text
@@ -85,8 +90,8 @@ def reply_chunk(ctx: StageInputContext, chunk: StageOutput, last: bool) -> Stage
         if not len(frames) and not last:
             return None
         state["started"] = True
-        return StageRequest(ctx.request_id, params=voice_params(ctx), inputs={"codes": frames})
-    return {"codes": frames} if len(frames) or last else None
+        return StageRequest(ctx.request_id, params=voice_params(ctx), inputs=GenerationInputs(frames))
+    return GenerationInputs(frames) if len(frames) or last else None
 
 
 def _frames(ctx: StageInputContext, units: list[str]) -> torch.Tensor:

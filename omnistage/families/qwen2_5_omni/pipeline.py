@@ -31,7 +31,9 @@ from omnistage.families.resolve import ModelInfo
 from omnistage.families.shared.omni_topology import OmniParts, omni_stages, thinker_stage
 from omnistage.outputs import StageOutput
 from omnistage.params import GenerationParams
+from omnistage.stages.ar.ar_inputs import ARInputs
 from omnistage.stages.base import StageInputContext, StageRequest
+from omnistage.stages.generation.generation_inputs import GenerationInputs
 
 HERE = Path(__file__).parent
 FAMILY = f"{__package__}:register"  # omnistage/families/registry.py
@@ -88,10 +90,10 @@ def _talker_request(ctx: StageInputContext, finished: bool) -> StageRequest:
     return StageRequest(ctx.request_id, prompt=ids, params=ctx.params, inputs=inputs)
 
 
-def talker_chunk(ctx: StageInputContext, chunk: StageOutput, last: bool) -> StageRequest | dict | None:
+def talker_chunk(ctx: StageInputContext, chunk: StageOutput, last: bool) -> StageRequest | ARInputs | None:
     """Async chunk: the talker starts once the thinker has two tokens out (its prompt is then fixed) and
     gets each further reply row as the thinker's output determines it."""
-    from omnistage.families.qwen2_5_omni.talker import new_reply_rows, talker_reply_rows
+    from omnistage.families.qwen2_5_omni.talker import ThinkerReply, new_reply_rows, talker_reply_rows
 
     thinker = ctx.upstream[0]
     if not ctx.state.get("started"):
@@ -99,28 +101,30 @@ def talker_chunk(ctx: StageInputContext, chunk: StageOutput, last: bool) -> Stag
             return None
         request = _talker_request(ctx, finished=last)
         ctx.state["started"] = True
-        ctx.state["rows"] = request.inputs["thinker_reply"].shape[0]
+        ctx.state["rows"] = request.inputs.extension.rows.shape[0]
         return request
     start = ctx.state["rows"]
     new_hidden = thinker.hidden_tail(-1, new_reply_rows(len(thinker.token_ids), start))
     rows = talker_reply_rows(ctx.resources, thinker.token_ids, new_hidden, start, finished=last)
     ctx.state["rows"] += rows.shape[0]
-    return {"thinker_reply": rows} if rows.shape[0] or last else None
+    return ARInputs(extension=ThinkerReply(rows)) if rows.shape[0] or last else None
 
 
 def code2wav_input(ctx: StageInputContext) -> StageRequest:
     """Full handoff: every code the talker spoke, decoded once."""
     codes = _spoken(ctx, ctx.upstream[1].token_ids)
-    return StageRequest(ctx.request_id, params=_code2wav_params(ctx), inputs={"codes": codes})
+    return StageRequest(ctx.request_id, params=_code2wav_params(ctx), inputs=GenerationInputs(codes))
 
 
-def code2wav_chunk(ctx: StageInputContext, chunk: StageOutput, last: bool) -> StageRequest | dict | None:
+def code2wav_chunk(
+    ctx: StageInputContext, chunk: StageOutput, last: bool
+) -> StageRequest | GenerationInputs | None:
     """Async chunk: each talker delta's codes join the request's code stream."""
     codes = _spoken(ctx, chunk.token_ids)
     if not ctx.state.get("started"):
         ctx.state["started"] = True
-        return StageRequest(ctx.request_id, params=_code2wav_params(ctx), inputs={"codes": codes})
-    return {"codes": codes} if len(codes) or last else None
+        return StageRequest(ctx.request_id, params=_code2wav_params(ctx), inputs=GenerationInputs(codes))
+    return GenerationInputs(codes) if len(codes) or last else None
 
 
 def _spoken(ctx: StageInputContext, token_ids: list[int]) -> torch.Tensor:

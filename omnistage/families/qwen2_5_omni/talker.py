@@ -22,11 +22,21 @@ row j has arrived, so it computes exactly what it would have computed after the 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 
 from omnistage.errors import InvalidRequestError
+from omnistage.stages.ar.ar_inputs import ARInputs
+
+
+@dataclasses.dataclass
+class ThinkerReply:
+    """The talker request's extension (ARInputs.extension): the reply stream's rows so far [R, H]; streamed
+    chunks append rows."""
+
+    rows: torch.Tensor
 
 
 @torch.inference_mode()
@@ -39,8 +49,8 @@ def talker_prompt(
     mrope_positions: torch.Tensor | None = None,
     rope_delta: int = 0,
     finished: bool = True,
-) -> tuple[list[int], dict[str, Any]]:
-    """(talker prompt ids, `StageRequest.inputs` for the AR engine).
+) -> tuple[list[int], ARInputs]:
+    """(talker prompt ids, the AR engine's inputs).
 
     With `finished=False` the thinker is still writing (async chunk): the prompt is the same, and the reply
     stream holds the rows its output so far determines; `talker_reply_rows` makes the rest as it arrives."""
@@ -73,15 +83,15 @@ def talker_prompt(
             first_reply + codec(talker.codec_bos_token),
         ]
     )
-    inputs: dict[str, Any] = {
-        "inputs_embeds": torch.cat([prompt_embeds, first_rows]),
-        "thinker_reply": talker_reply_rows(loaded, generated, hidden[n_prompt + 1 :], 0, finished),
-    }
+    inputs = ARInputs(
+        inputs_embeds=torch.cat([prompt_embeds, first_rows]),
+        extension=ThinkerReply(talker_reply_rows(loaded, generated, hidden[n_prompt + 1 :], 0, finished)),
+    )
     if mrope_positions is not None:
         positions = torch.as_tensor(mrope_positions)
         tail = positions.max() + 1 + torch.arange(2)
-        inputs["position_ids"] = torch.cat([positions, tail.expand(positions.shape[0], -1)], dim=1)
-        inputs["rope_delta"] = int(rope_delta)
+        inputs.position_ids = torch.cat([positions, tail.expand(positions.shape[0], -1)], dim=1)
+        inputs.rope_delta = int(rope_delta)
     codec_ids = [talker.codec_mask_token] * n_prompt + [talker.codec_pad_token, talker.codec_bos_token]
     return codec_ids, inputs
 
@@ -125,13 +135,13 @@ def _check_hidden(hidden: torch.Tensor | None, n_prompt: int, n_gen: int) -> Non
         raise ValueError(f"expected {n_prompt + n_gen - 1} thinker hidden rows, got {rows}")
 
 
-def add_thinker_reply(inputs: dict[str, Any], step: int, embed: torch.Tensor) -> torch.Tensor:
+def add_thinker_reply(inputs: ARInputs, step: int, embed: torch.Tensor) -> torch.Tensor:
     """The AR engine's step hook for the talker: generated codec token `step` is fed back with the
     thinker's reply row `step` added (the last row, text pad, repeats once the reply is spoken)."""
-    reply = inputs["thinker_reply"]
+    reply = inputs.extension.rows
     return embed + reply[min(step, reply.shape[0] - 1)].to(embed.dtype)
 
 
-def thinker_reply_ready(inputs: dict[str, Any], step: int) -> bool:
+def thinker_reply_ready(inputs: ARInputs, step: int) -> bool:
     """The AR engine's step-ready hook: row `step` is there, or the stream is complete (its pad repeats)."""
-    return inputs.get("input_finished", True) or step < inputs["thinker_reply"].shape[0]
+    return inputs.input_finished or step < inputs.extension.rows.shape[0]

@@ -14,30 +14,30 @@ from typing import Any
 import torch
 
 from omnistage.families.qwen2_5_omni.processor import prompt_to_inputs
+from omnistage.stages.ar.ar_inputs import ARInputs
 
 MEDIA_KEYS = ("pixel_values", "pixel_values_videos", "input_features")
 
 
 @torch.inference_mode()
-def thinker_prompt(loaded: Any, prompt: Any) -> tuple[list[int], dict[str, Any]]:
-    """(prompt token ids, `StageRequest.inputs` for the AR engine)."""
+def thinker_prompt(loaded: Any, prompt: Any) -> tuple[list[int], ARInputs]:
+    """(prompt token ids, the AR engine's inputs)."""
     feats = prompt_to_inputs(loaded.processor, prompt)
     ids = feats["input_ids"]
     if not any(feats.get(k) is not None for k in MEDIA_KEYS):
-        return ids[0].tolist(), {}
+        return ids[0].tolist(), ARInputs()
     model = loaded.thinker.model
     device = loaded.embed.weight.device
     feats = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in feats.items()}
     embeds = _merged_embeddings(model, feats)
     audio_lengths = feats["feature_attention_mask"].sum(-1) if "feature_attention_mask" in feats else None
     rope = mrope(model, feats, audio_lengths)
-    inputs = {
-        "inputs_embeds": embeds[0],
-        "position_ids": rope["mrope_positions"],
-        "rope_delta": rope["rope_delta"],
-        # Echoed in the first output: the talker continues these positions.
-        "output_data": rope,
-    }
+    inputs = ARInputs(
+        inputs_embeds=embeds[0],
+        position_ids=rope["mrope_positions"],
+        rope_delta=rope["rope_delta"],
+        output_data=rope,  # echoed in the first output: the talker continues these positions
+    )
     return ids[0].tolist(), inputs
 
 

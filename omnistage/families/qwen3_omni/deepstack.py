@@ -1,30 +1,38 @@
-"""DeepStack on the AR engine: the thinker's vision features join the decoder's hidden states (registered as
-the engine's extra input `deepstack_embeds`, stages/ar/extra_inputs.py)."""
+"""DeepStack on the AR engine: the thinker's vision features join the decoder's hidden states (a request's
+`DeepStack` extension, registered as the engine's extra input, stages/ar/extra_inputs.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
+
+
+@dataclasses.dataclass
+class DeepStack:
+    """A thinker request's extension (ARInputs.extension): `embeds` [K, L, H], the residuals of the first K
+    decoder layers, and `mask` [L] (bool: the prompt positions they belong to)."""
+
+    embeds: torch.Tensor
+    mask: torch.Tensor
 
 
 def deepstack_kwargs(
     batch: list[Any], offsets: list[int], total: int, device: torch.device
 ) -> dict[str, Any]:
     """DeepStack (Qwen3-VL-style vision): some prompt rows get a residual added to their hidden states after
-    each of the decoder's first K layers. A request carries them as inputs `deepstack_embeds` [K, L, H] and
-    `deepstack_mask` [L] (bool: the prompt positions they belong to); the decoder takes the step's rows as
+    each of the decoder's first K layers. A request carries them as its `DeepStack` extension; the decoder
+    takes the step's rows as
     transformers' `visual_pos_masks` [1, T] and `deepstack_visual_embeds` (K tensors [rows, H])."""
     parts = []
     for item, offset in zip(batch, offsets, strict=True):
-        inputs = item.seq.request.inputs
-        if "deepstack_embeds" not in inputs:
+        deep = item.seq.request.inputs.extension
+        if not isinstance(deep, DeepStack):
             continue
         end = min(item.start + item.num_tokens, item.seq.num_prompt_tokens)
         if end > item.start:
-            parts.append(
-                (offset, inputs["deepstack_mask"][item.start : end], inputs["deepstack_embeds"], item.start)
-            )
+            parts.append((offset, deep.mask[item.start : end], deep.embeds, item.start))
     if not parts:
         return {}
     mask = torch.zeros(total, dtype=torch.bool)

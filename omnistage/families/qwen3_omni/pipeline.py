@@ -29,8 +29,10 @@ from omnistage.families.resolve import ModelInfo
 from omnistage.families.shared.omni_topology import OmniParts, omni_stages, thinker_stage
 from omnistage.outputs import StageOutput
 from omnistage.params import SamplingParams
+from omnistage.stages.ar.ar_inputs import ARInputs
 from omnistage.stages.ar.cpu.layer_forms import LayerForm
 from omnistage.stages.base import StageInputContext, StageRequest
+from omnistage.stages.generation.generation_inputs import GenerationInputs
 
 HERE = Path(__file__).parent
 # The lean decoder's forms of the talker (multimodal rotary from the model's own rotary_emb; the final norm is
@@ -84,7 +86,7 @@ def thinker_input(ctx: StageInputContext) -> StageRequest:
         )
     ids, inputs = thinker_prompt(loaded, ctx.prompt)
     params = ctx.params
-    if "inputs_embeds" in inputs and speakers and isinstance(params, SamplingParams):
+    if inputs.inputs_embeds is not None and speakers and isinstance(params, SamplingParams):
         layers = [*params.hidden_state_layers, loaded.accept_hidden_layer]
         params = msgspec.structs.replace(params, hidden_state_layers=layers)
     return StageRequest(ctx.request_id, prompt=ids, params=params, inputs=inputs)
@@ -111,10 +113,11 @@ def _talker_request(ctx: StageInputContext, finished: bool) -> StageRequest:
     return StageRequest(ctx.request_id, prompt=ids, params=ctx.params, inputs=inputs)
 
 
-def talker_chunk(ctx: StageInputContext, chunk: StageOutput, last: bool) -> StageRequest | dict | None:
+def talker_chunk(ctx: StageInputContext, chunk: StageOutput, last: bool) -> StageRequest | ARInputs | None:
     """Async chunk: the talker starts once the thinker has two tokens out (its prompt is then fixed) and
     gets each further text row as the thinker's output determines it."""
     from omnistage.families.qwen3_omni.talker import text_stream_rows
+    from omnistage.families.qwen3_tts.talker_inputs import TalkerText
 
     thinker = ctx.upstream[0]
     if not ctx.state.get("started"):
@@ -122,12 +125,12 @@ def talker_chunk(ctx: StageInputContext, chunk: StageOutput, last: bool) -> Stag
             return None
         request = _talker_request(ctx, finished=last)
         ctx.state["started"] = True
-        ctx.state["rows"] = request.inputs["trailing_text"].shape[0] - int(last)
+        ctx.state["rows"] = request.inputs.extension.trailing_text.shape[0] - int(last)
         return request
     start = ctx.state["rows"]
     rows = text_stream_rows(ctx.resources, thinker.token_ids, start, finished=last)
     ctx.state["rows"] += rows.shape[0] - int(last)
-    return {"trailing_text": rows} if rows.shape[0] or last else None
+    return ARInputs(extension=TalkerText(rows)) if rows.shape[0] or last else None
 
 
 def _frames(codes: torch.Tensor | None) -> torch.Tensor:
@@ -139,16 +142,20 @@ def _frames(codes: torch.Tensor | None) -> torch.Tensor:
 
 def code2wav_input(ctx: StageInputContext) -> StageRequest:
     """Full handoff: every frame the talker spoke, decoded once."""
-    return StageRequest(ctx.request_id, params=ctx.params, inputs={"codes": _frames(ctx.upstream[1].codes)})
+    frames = _frames(ctx.upstream[1].codes)
+    return StageRequest(ctx.request_id, params=ctx.params, inputs=GenerationInputs(frames))
 
 
-def code2wav_chunk(ctx: StageInputContext, chunk: StageOutput, last: bool) -> StageRequest | dict | None:
+def code2wav_chunk(
+    ctx: StageInputContext, chunk: StageOutput, last: bool
+) -> StageRequest | GenerationInputs | None:
     """Async chunk: each talker step's frames join the request's code stream."""
     frames = _frames(chunk.codes)
     if not ctx.state.get("started"):
         ctx.state["started"] = True
-        return StageRequest(ctx.request_id, params=ctx.params, inputs={"codes": frames}, streaming_input=True)
-    return {"codes": frames} if len(frames) or last else None
+        inputs = GenerationInputs(frames)
+        return StageRequest(ctx.request_id, params=ctx.params, inputs=inputs, streaming_input=True)
+    return GenerationInputs(frames) if len(frames) or last else None
 
 
 # ---- topology --------------------------------------------------------------------------------------------

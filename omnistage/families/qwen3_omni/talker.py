@@ -27,6 +27,8 @@ import torch
 from omnistage.errors import InvalidRequestError
 from omnistage.families.qwen2_5_omni.talker import new_reply_rows
 from omnistage.families.qwen3_tts.talker import residual_codes
+from omnistage.families.qwen3_tts.talker_inputs import TalkerText
+from omnistage.stages.ar.ar_inputs import ARInputs
 from omnistage.stages.ar.post_sample import PostSample, SampledStep
 
 DEFAULT_SPEAKER = "Ethan"  # the reference generate's default
@@ -79,8 +81,8 @@ def talker_prompt(
     speaker: str,
     rope: dict[str, Any] | None = None,
     finished: bool = True,
-) -> tuple[list[int], dict[str, Any]]:
-    """(placeholder prompt ids, `StageRequest.inputs`). `hidden`: the thinker's `accept_hidden_layer` rows
+) -> tuple[list[int], ARInputs]:
+    """(placeholder prompt ids, the AR engine's inputs). `hidden`: the thinker's `accept_hidden_layer` rows
     (needed only when the prompt has audio/image/video placeholders); `rope`: the multimodal RoPE inputs
     (audio feature lengths, image/video grids) the thinker passed on."""
     talker, config = loaded.talker, loaded.omni_config
@@ -112,12 +114,11 @@ def talker_prompt(
     codec_ids += [cfg.codec_pad_id, cfg.codec_bos_id]
     codec = loaded.embed(torch.tensor(codec_ids, device=device))
     assistant = text + torch.cat([torch.zeros_like(codec[:3]), codec])
-    inputs: dict[str, Any] = {
-        "inputs_embeds": torch.cat([rows.to(assistant.dtype), assistant]),
-        "trailing_text": text_stream_rows(loaded, generated, 0, finished),
-        "tts_pad_embed": pad,
-    }
-    n = inputs["inputs_embeds"].shape[0]
+    inputs = ARInputs(
+        inputs_embeds=torch.cat([rows.to(assistant.dtype), assistant]),
+        extension=TalkerText(text_stream_rows(loaded, generated, 0, finished), pad),
+    )
+    n = inputs.inputs_embeds.shape[0]
     rope = {k: torch.tensor(v, device=device) for k, v in (rope or {}).items() if v is not None}
     if rope:  # as the reference: multimodal positions only when the request has audio or vision inputs
         talker_ids = torch.tensor([user_ids + [config.tts_pad_token_id] * assistant.shape[0]], device=device)
@@ -130,8 +131,8 @@ def talker_prompt(
             rope.get("audio_feature_lengths"),
             rope.get("video_second_per_grid"),
         )
-        inputs["position_ids"] = positions[:, 0].cpu()
-        inputs["rope_delta"] = int(delta.reshape(-1)[0])
+        inputs.position_ids = positions[:, 0].cpu()
+        inputs.rope_delta = int(delta.reshape(-1)[0])
     return [cfg.codec_pad_id] * n, inputs
 
 
@@ -162,13 +163,14 @@ def predict_codes(model: Any, step: SampledStep) -> PostSample:
     return PostSample(codes=codes, next_embeds=code0 + rest)
 
 
-def add_text_row(inputs: dict[str, Any], step: int, embed: torch.Tensor) -> torch.Tensor:
+def add_text_row(inputs: ARInputs, step: int, embed: torch.Tensor) -> torch.Tensor:
     """The step hook: frame `step` is fed back with text row `step` (tts_pad once the text is spoken)."""
-    rows = inputs["trailing_text"]
-    row = rows[step] if step < rows.shape[0] else inputs["tts_pad_embed"]
+    text = inputs.extension
+    rows = text.trailing_text
+    row = rows[step] if step < rows.shape[0] else text.tts_pad_embed
     return embed + row.to(embed.dtype)
 
 
-def text_row_ready(inputs: dict[str, Any], step: int) -> bool:
+def text_row_ready(inputs: ARInputs, step: int) -> bool:
     """The step-ready hook: row `step` is there, or the text is complete (its pad repeats)."""
-    return inputs.get("input_finished", True) or step < inputs["trailing_text"].shape[0]
+    return inputs.input_finished or step < inputs.extension.trailing_text.shape[0]

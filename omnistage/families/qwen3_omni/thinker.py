@@ -1,6 +1,6 @@
 """The Qwen3-Omni thinker's prompt as the AR engine takes it: token ids, merged audio/image/video
 embeddings, 3-row interleaved multimodal RoPE and the vision encoder's DeepStack features (added to the
-hidden states of the vision positions after the first decoder layers, the engine's `deepstack_*` inputs):
+hidden states of the vision positions after the first decoder layers, the request's `DeepStack` extension):
 the part of `Qwen3OmniMoeThinkerModel.forward` before its language model, done once per request.
 
 Text-only prompts hand over bare token ids (plain positions, prefix caching). What the talker's own
@@ -16,15 +16,17 @@ import torch
 
 from omnistage.families.qwen2_5_omni.processor import prompt_to_inputs
 from omnistage.families.qwen2_5_omni.thinker import MEDIA_KEYS, _scatter, mrope
+from omnistage.families.qwen3_omni.deepstack import DeepStack
+from omnistage.stages.ar.ar_inputs import ARInputs
 
 
 @torch.inference_mode()
-def thinker_prompt(loaded: Any, prompt: Any) -> tuple[list[int], dict[str, Any]]:
-    """(prompt token ids, `StageRequest.inputs` for the AR engine)."""
+def thinker_prompt(loaded: Any, prompt: Any) -> tuple[list[int], ARInputs]:
+    """(prompt token ids, the AR engine's inputs)."""
     feats = prompt_to_inputs(loaded.processor, prompt)
     ids = feats["input_ids"]
     if not any(feats.get(k) is not None for k in MEDIA_KEYS):
-        return ids[0].tolist(), {}
+        return ids[0].tolist(), ARInputs()
     model = loaded.thinker.model
     config = model.config
     device = loaded.embed.weight.device
@@ -65,12 +67,12 @@ def thinker_prompt(loaded: Any, prompt: Any) -> tuple[list[int], dict[str, Any]]
     }
     if feats.get("video_second_per_grid") is not None:
         talker_rope["video_second_per_grid"] = torch.as_tensor(feats["video_second_per_grid"]).tolist()
-    inputs = {
-        "inputs_embeds": embeds[0],
-        "position_ids": rope["mrope_positions"],
-        "rope_delta": rope["rope_delta"],
-        "output_data": {"talker_rope": talker_rope},
-    }
+    inputs = ARInputs(
+        inputs_embeds=embeds[0],
+        position_ids=rope["mrope_positions"],
+        rope_delta=rope["rope_delta"],
+        output_data={"talker_rope": talker_rope},
+    )
     if deepstack.numel():
-        inputs["deepstack_embeds"], inputs["deepstack_mask"] = deepstack, visual.cpu()
+        inputs.extension = DeepStack(deepstack, visual.cpu())
     return ids[0].tolist(), inputs

@@ -27,6 +27,7 @@ from omnistage.errors import InvalidRequestError
 from omnistage.outputs import StageOutput, TokenCounts
 from omnistage.prompts import SpeechPrompt, prompt_text
 from omnistage.stages.base import StageInputContext, StageRequest
+from omnistage.stages.generation.generation_inputs import GenerationInputs
 
 HERE = Path(__file__).parent
 # A speech request's Qwen3-TTS fields (vLLM-Omni's names), typed: the speech routes check them, and the
@@ -130,7 +131,7 @@ def speech_input(ctx: StageInputContext) -> StageRequest:
         ref_ids=ref_ids, ref_codes=ref_codes,
     )  # fmt: skip
     text_tokens = len(input_ids) + len(instruct_ids or []) + len(ref_ids or [])
-    inputs["subtalker"] = _subtalker(loaded, ctx.params)
+    inputs.extension.subtalker = _subtalker(loaded, ctx.params)
     audio_tokens = len(ref_codes) if ref_codes is not None else 0  # the clip's frames, in context
     counts = TokenCounts(input_text_tokens=text_tokens, input_audio_tokens=audio_tokens)
     return StageRequest(ctx.request_id, prompt=ids, params=ctx.params, inputs=inputs, token_counts=counts)
@@ -265,12 +266,12 @@ def _codec_request(ctx: StageInputContext, frames: torch.Tensor, streaming: bool
     """The codec's request: an in-context clone's clip codes go first, as context only (the reference
     decodes clip + new codes and cuts the clip's share)."""
     ref = _clip_codes(ctx.resources, ctx.prompt)
-    inputs = {"codes": frames}
+    inputs = GenerationInputs(frames)
     if ref is not None:
-        inputs = {"codes": torch.cat([ref.to(frames.dtype), frames]), "context_frames": len(ref)}
+        inputs = GenerationInputs(torch.cat([ref.to(frames.dtype), frames]), context_frames=len(ref))
     first = speech_fields(ctx.prompt).get("initial_codec_chunk_frames")
     if first is not None:  # this request's first chunk (time to first audio), else the stage's by load
-        inputs["first_chunk_frames"] = int(first)
+        inputs.first_chunk_frames = int(first)
     return StageRequest(ctx.request_id, params=ctx.params, inputs=inputs, streaming_input=streaming)
 
 
@@ -279,13 +280,15 @@ def codec_input(ctx: StageInputContext) -> StageRequest:
     return _codec_request(ctx, _frames(ctx.upstream[0].codes), streaming=False)
 
 
-def codec_chunk(ctx: StageInputContext, chunk: StageOutput, last: bool) -> StageRequest | dict | None:
+def codec_chunk(
+    ctx: StageInputContext, chunk: StageOutput, last: bool
+) -> StageRequest | GenerationInputs | None:
     """Async chunk: each step's new frames as they come."""
     frames = _frames(chunk.codes)
     if not ctx.state.get("started"):
         ctx.state["started"] = True
         return _codec_request(ctx, frames, streaming=True)
-    return {"codes": frames} if len(frames) or last else None
+    return GenerationInputs(frames) if len(frames) or last else None
 
 
 def checkpoint_speakers(model_dir: str) -> list[str]:

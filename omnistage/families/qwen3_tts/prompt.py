@@ -9,7 +9,7 @@ Writing T(ids) for projected text embeddings and C(ids) for codec embeddings, th
   T(instruct) | T(role) | T(pad)… + C(think prefix) [, speaker] , T(bos) + C(pad) | text part | …
 with the text either all in the prompt (non-streaming: T(text), T(eos) over C(pad), then T(pad) + C(bos))
 or one token per generated frame (streaming: T(text[0]) + C(bos) in the prompt, the rest + T(eos) fed with
-the frames). The rows still to feed are `inputs["trailing_text"]`, then `tts_pad_embed` for ever.
+the frames). The rows still to feed are `TalkerText.trailing_text`, then `tts_pad_embed` for ever.
 In-context, the text part is T(ref text + text), T(eos) against C(bos), F(clip codes) (F: a frame's 16
 codebook embeddings summed), either one after the other (non-streaming) or summed row by row (streaming).
 """
@@ -21,6 +21,8 @@ from typing import Any
 import torch
 
 from omnistage.errors import InvalidRequestError
+from omnistage.families.qwen3_tts.talker_inputs import TalkerText
+from omnistage.stages.ar.ar_inputs import ARInputs
 
 ROLE, TAIL = 3, 5  # wrapper ids before and after the text in input_ids
 
@@ -36,8 +38,8 @@ def talker_prompt(
     speaker_embed: torch.Tensor | None = None,
     ref_ids: list[int] | None = None,
     ref_codes: torch.Tensor | None = None,
-) -> tuple[list[int], dict[str, Any]]:
-    """(placeholder prompt ids, `StageRequest.inputs` with inputs_embeds, trailing_text, tts_pad_embed).
+) -> tuple[list[int], ARInputs]:
+    """(placeholder prompt ids, the AR engine's inputs: inputs_embeds, and the text still to feed).
     `speaker_embed`: a cloned voice's x-vector (Base), in the preset speaker's place; `ref_ids` (the
     transcript wrapped as `<|im_start|>assistant\n{ref_text}<|im_end|>\n`) and `ref_codes` ([R, 16], the
     clip's codes): in-context cloning."""
@@ -88,7 +90,7 @@ def talker_prompt(
         rows.append(loaded.text_rows(text[:1]) + codec[-1:])
         trailing = torch.cat([loaded.text_rows(text[1:]), eos[None]])
     embeds = torch.cat(rows)
-    inputs = {"inputs_embeds": embeds, "trailing_text": trailing, "tts_pad_embed": pad}
+    inputs = ARInputs(inputs_embeds=embeds, extension=TalkerText(trailing, pad))
     return [cfg["codec_pad_id"]] * embeds.shape[0], inputs
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from omnistage.stages.ar.ar_inputs import ARInputs
 from omnistage.stages.ar.attention import ATTENTION_NAME
 from omnistage.stages.ar.cpu.dense_kv import DENSE_KV_KWARG, DenseKV, dense_attention_forward
 from omnistage.stages.ar.cpu.lean_decoder import LeanDecoder, supports
@@ -271,7 +272,7 @@ def predict_codes(model: Qwen3TTSTalker, step: SampledStep) -> PostSample:
     """Post-sample hook: codebooks 1..15 of every sampled frame in one batch, and the next inputs. A
     request whose inputs hold `subtalker` params samples them as the reference's `subtalker_*` sampling."""
     code0 = model.embed(step.token_ids)
-    specs = [inputs.get("subtalker") for inputs in step.inputs]
+    specs = [inputs.extension.subtalker for inputs in step.inputs]
     pick = SubtalkerSampler(specs, step.steps, code0.device) if any(specs) else None
     codes, rest = model.code_predictor(step.hidden.to(code0.dtype), code0, pick=pick)
     text = torch.stack([_text_row(inputs, i) for inputs, i in zip(step.inputs, step.steps, strict=True)])
@@ -315,7 +316,7 @@ def _sample(logits: torch.Tensor, spec: dict[str, Any], gen: torch.Generator) ->
     return torch.multinomial(logits.softmax(-1), 1, generator=gen)[0]
 
 
-def _text_row(inputs: dict[str, Any], step: int) -> torch.Tensor:
+def _text_row(inputs: ARInputs, step: int) -> torch.Tensor:
     """The text row fed with generated frame `step`: the next unspoken text token, then tts_pad."""
-    trailing = inputs["trailing_text"]
-    return trailing[step] if step < trailing.shape[0] else inputs["tts_pad_embed"]
+    text = inputs.extension
+    return text.trailing_text[step] if step < text.trailing_text.shape[0] else text.tts_pad_embed

@@ -36,7 +36,9 @@ from omnistage.errors import InvalidRequestError
 from omnistage.families.resolve import ModelInfo
 from omnistage.params import SamplingParams
 from omnistage.prompts import AudioPrompt
+from omnistage.stages.ar.ar_inputs import ARInputs
 from omnistage.stages.base import StageInputContext, StageRequest
+from omnistage.stages.generation.generation_inputs import GenerationInputs
 
 HERE = Path(__file__).parent
 FAMILY = f"{__package__}:register"  # omnistage/families/registry.py
@@ -71,7 +73,7 @@ def encoder_input(ctx: StageInputContext) -> StageRequest:
 
     audio = _audio(ctx.prompt)
     segments = [audio[a:b] for a, b in segment_bounds(audio)]
-    return StageRequest(ctx.request_id, params=None, inputs={"audio": as_segments(segments)})
+    return StageRequest(ctx.request_id, params=None, inputs=GenerationInputs(as_segments(segments)))
 
 
 def decoder_input(ctx: StageInputContext) -> StageRequest:
@@ -89,7 +91,7 @@ def decoder_input(ctx: StageInputContext) -> StageRequest:
     params = msgspec.structs.replace(params, n=len(states))
     bounds = segment_bounds(_audio(prompt))
     segments = [(a / SAMPLE_RATE, b / SAMPLE_RATE) for a, b in bounds]
-    inputs = {"encoder_hidden_states": states, "output_data": {"segments": segments}}
+    inputs = ARInputs(encoder_hidden_states=states, output_data={"segments": segments})
     return StageRequest(ctx.request_id, prompt=ids, params=params, inputs=inputs)
 
 
@@ -102,7 +104,6 @@ STAGES = (
         input_processor=encoder_input,
         engine_args={
             "generator": f"{_MODELS}.encoder:create_generator",
-            "input_key": "audio",
             "output_key": ENCODER_KEY,
         },
     ),

@@ -20,8 +20,8 @@ class ARArgs(EngineArgs):
     cpu_fast_path: bool = True
     # Functions, "module:function" (or the callable itself from Python):
     model_loader: Any = None  # (model_dir, dtype, device) -> LoadedModel (loader.py)
-    step_embed_hook: Any = None  # (request inputs, step, embedding) -> the step's input embedding
-    # (request inputs, step) -> bool: whether the inputs the step hook needs for generated token `step` have
+    step_embed_hook: Any = None  # (request ARInputs, step, embedding) -> the step's input embedding
+    # (request ARInputs, step) -> bool: whether the inputs the step hook needs for generated token `step` have
     # arrived (a request added with `streaming_input` gets more through `add_chunk`)
     step_ready_hook: Any = None
     post_sample_hook: Any = None  # batched, after each step's sampling (post_sample.py)

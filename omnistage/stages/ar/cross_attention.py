@@ -40,12 +40,13 @@ class CrossBatch:
     lengths: list[int]
 
 
-def encoder_states(inputs: dict[str, Any], n: int, width: int) -> list[torch.Tensor]:
-    """The request's encoder outputs, one [S, width] tensor per sequence (a single one is shared)."""
-    value = inputs.get(INPUT_KEY)
+def encoder_states(inputs: Any, n: int, width: int) -> list[torch.Tensor]:
+    """The request's encoder outputs (ARInputs.encoder_hidden_states), one [S, width] tensor per sequence
+    (a single one is shared)."""
+    value = inputs.encoder_hidden_states
     if value is None:
         raise InvalidRequestError(
-            f"this stage's decoder attends an encoder's output: the request needs inputs[{INPUT_KEY!r}]",
+            f"this stage's decoder attends an encoder's output: the request needs inputs.{INPUT_KEY}",
             param=INPUT_KEY,
         )
     states = list(value) if isinstance(value, list | tuple) else [torch.as_tensor(value)]

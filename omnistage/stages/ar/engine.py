@@ -9,7 +9,7 @@ the steps that would need them; the post-sample hook may emit a frame's other co
 step's input embeddings (post_sample.py).
 
 Encoder-decoder models (a loader that gives `cross_kv`) take each request's encoder output in
-`inputs["encoder_hidden_states"]`; see cross_attention.py.
+`ARInputs.encoder_hidden_states`; see cross_attention.py.
 
 Hidden states out: `SamplingParams.hidden_state_layers` (transformers' `hidden_states` indices) and
 `return_hidden_states` (the last layer, index -1) put one row per computed position into
@@ -27,13 +27,13 @@ import torch
 from omnistage.config.pipeline import load_ref
 from omnistage.errors import InvalidRequestError, OmniError
 from omnistage.outputs import Choice, StageOutput, error_output
+from omnistage.stages.ar.ar_inputs import ARInputs
 from omnistage.stages.ar.args import ARArgs
 from omnistage.stages.ar.cpu import native
 from omnistage.stages.ar.cpu.packed_linear import pack_linears, packing_available
-from omnistage.stages.ar.cross_attention import INPUT_KEY as ENCODER_INPUT
 from omnistage.stages.ar.cross_attention import encoder_states, project
 from omnistage.stages.ar.detokenizer import IncrementalDetokenizer, decoder_for
-from omnistage.stages.ar.inputs import InputRules, make_request, merge_chunk
+from omnistage.stages.ar.inputs import InputRules, make_request
 from omnistage.stages.ar.kv_cache import BlockManager, KVStorage, bytes_per_token, plan_num_blocks
 from omnistage.stages.ar.loader import LoadedModel, check_loaded, load_causal_lm, resolve_dtype
 from omnistage.stages.ar.model_runner import ForwardResult, ModelRunner, uses_mrope
@@ -42,6 +42,7 @@ from omnistage.stages.ar.sampler import Sampler
 from omnistage.stages.ar.scheduler import ScheduledSeq, Scheduler
 from omnistage.stages.ar.sequence import ARRequest, Sequence, SequenceInputError, cacheable_tokens
 from omnistage.stages.base import EngineContext, StageRequest
+from omnistage.stages.typed_inputs import extend, inputs_of
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +153,7 @@ class AREngine:
             self._pending.append(error_output(rid, exc))
             return
         if request.streaming_input:
-            ar.inputs["input_finished"] = False
+            ar.inputs.input_finished = False
         self.requests[rid] = ar
         self._stalled = False
         capacity = self.blocks.num_total_blocks * self.block_size
@@ -184,7 +185,7 @@ class AREngine:
         if self.model.cross_kv is None:
             return None
         states = encoder_states(ar.inputs, ar.params.n, self.rules.hidden_size)
-        ar.inputs.pop(ENCODER_INPUT, None)  # the projections are all the decoder needs from now on
+        ar.inputs.encoder_hidden_states = None  # the projections are all the decoder needs from now on
         return project(self.model.cross_kv, states, self.dtype, self.device)
 
     def _check_fits(self, ar: ARRequest) -> None:
@@ -201,12 +202,12 @@ class AREngine:
         decode = decoder_for(self.tokenizer, ar.params.skip_special_tokens)
         return IncrementalDetokenizer(decode, ar.prompt_token_ids)
 
-    def add_chunk(self, request_id: str, inputs: dict[str, Any], last: bool) -> None:
+    def add_chunk(self, request_id: str, inputs: ARInputs | None, last: bool) -> None:
         """More inputs for a streaming request (e.g. thinker hidden rows a talker's step hook reads)."""
         ar = self.requests.get(request_id)
         if ar is not None:
-            merge_chunk(ar.inputs, inputs)
-            ar.inputs["input_finished"] = bool(last)
+            extend(ar.inputs, inputs_of(ARInputs, inputs) if inputs is not None else None)
+            ar.inputs.input_finished = bool(last)
             self._stalled = False
 
     def _input_ready(self, seq: Sequence, position: int) -> bool:
@@ -379,7 +380,7 @@ class AREngine:
             outputs[0].num_cached_tokens = ar.sequences[0].num_cached_tokens
             outputs[0].token_counts = ar.token_counts
             # Request facts the input processor computed for downstream stages (e.g. multimodal positions)
-            outputs[0].data.update(ar.inputs.get("output_data") or {})
+            outputs[0].data.update(ar.inputs.output_data)
         return outputs
 
     def _seq_output(self, seq: Sequence, result: ForwardResult, row: tuple | None) -> StageOutput | None:

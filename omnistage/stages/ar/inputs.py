@@ -3,9 +3,7 @@
 Prompt forms: a typed prompt (omnistage/prompts.py: `TextPrompt` tokenized as is, no chat template, or
 its token ids; `ChatPrompt` and a `SpeechPrompt`'s text as a user message, rendered with the tokenizer's
 chat template and the generation prompt), or what an input processor makes: `str`, `list[int]`.
-`StageRequest.inputs` may carry `inputs_embeds` ([L, H], replacing the prompt's embedding lookup),
-`position_ids` ([L] or [R, L]) and `rope_delta` (int); `output_data` (a dict) is copied into the
-request's first output's `data`, so an input processor can pass facts it computed downstream. Every rule
+`StageRequest.inputs` is an `ARInputs` (ar_inputs.py; a dict of its fields is converted). Every rule
 broken raises InvalidRequestError naming the field.
 """
 
@@ -20,8 +18,10 @@ from omnistage.config.pipeline import load_ref
 from omnistage.errors import InvalidRequestError
 from omnistage.params import SamplingParams, apply_constraints, layer_params
 from omnistage.prompts import ChatPrompt, SpeechPrompt, TextPrompt, as_prompt
+from omnistage.stages.ar.ar_inputs import ARInputs
 from omnistage.stages.ar.sequence import ARRequest
 from omnistage.stages.base import StageRequest
+from omnistage.stages.typed_inputs import inputs_of
 
 
 @dataclasses.dataclass
@@ -65,8 +65,8 @@ def make_params(given: Any, rules: InputRules) -> SamplingParams:
 
 def make_request(req: StageRequest, rules: InputRules) -> ARRequest:
     params = make_params(req.params, rules)
-    inputs = dict(req.inputs or {})
-    embeds = _prompt_embeds(inputs.get("inputs_embeds"), rules)
+    inputs = dataclasses.replace(inputs_of(ARInputs, req.inputs))  # the request's own: chunks extend it
+    embeds = _prompt_embeds(inputs.inputs_embeds, rules)
     # vLLM's prompt dicts, as a direct engine user may give them
     prompt = as_prompt(req.prompt) if isinstance(req.prompt, dict) else req.prompt
     if isinstance(prompt, ChatPrompt | TextPrompt) and prompt.media() and embeds is None:
@@ -94,7 +94,7 @@ def make_request(req: StageRequest, rules: InputRules) -> ARRequest:
             f"(max_model_len {rules.max_model_len} includes at least one generated token)",
             param="prompt",
         )
-    positions = _positions(inputs.get("position_ids"), len(token_ids), rules)
+    positions = _positions(inputs.position_ids, len(token_ids), rules)
     processors = [_processor(ref) for ref in params.logits_processors]
     return ARRequest(
         request_id=req.request_id,
@@ -105,7 +105,7 @@ def make_request(req: StageRequest, rules: InputRules) -> ARRequest:
         inputs=inputs,
         prompt_embeds=embeds,
         positions=positions,
-        rope_delta=int(inputs.get("rope_delta", 0) or 0),
+        rope_delta=int(inputs.rope_delta or 0),
         logits_processors=processors,
         hidden_layers=_hidden_layers(params, rules.num_layers),
         token_counts=req.token_counts,
@@ -219,15 +219,3 @@ def _processor(ref: Any) -> Any:
     if not callable(fn):
         raise InvalidRequestError(f"logits processor {ref!r} is not callable", param="logits_processors")
     return fn
-
-
-def merge_chunk(inputs: dict[str, Any], chunk: dict[str, Any]) -> None:
-    """Streaming input: tensors and lists under a known key grow along dim 0; other values are replaced."""
-    for key, value in chunk.items():
-        old = inputs.get(key)
-        if isinstance(old, torch.Tensor) and isinstance(value, torch.Tensor):
-            inputs[key] = torch.cat([old, value], dim=0)
-        elif isinstance(old, list) and isinstance(value, list):
-            old.extend(value)
-        else:
-            inputs[key] = value

@@ -35,7 +35,7 @@ class SampledStep:
     token_ids: torch.Tensor  # [S] long, on the model's device: the sampled tokens (codebook 0 of a frame)
     hidden: torch.Tensor  # [S, H] the last-layer hidden state each token was sampled from
     steps: list[int]  # each token's index among its sequence's generated tokens (0: the first)
-    inputs: list[dict[str, Any]]  # each sequence's request inputs (streamed chunks merged)
+    inputs: list[Any]  # each sequence's request ARInputs (streamed chunks joined)
 
 
 @dataclasses.dataclass

@@ -52,7 +52,7 @@ class ARRequest:
     params: SamplingParams
     priority: int
     arrival_time: float
-    inputs: dict[str, Any]
+    inputs: Any  # ARInputs (ar_inputs.py): the request's own, grown by streamed chunks
     prompt_embeds: torch.Tensor | None = None
     positions: torch.Tensor | None = None
     rope_delta: int = 0

@@ -139,7 +139,7 @@ class DiffusionEngine:
         self.requests[rid] = req
         self.scheduler.add(req)
 
-    def add_chunk(self, request_id: str, inputs: dict[str, Any], last: bool) -> None:
+    def add_chunk(self, request_id: str, inputs: Any, last: bool) -> None:
         raise NotImplementedError("diffusion stages take whole inputs (no streaming input)")
 
     def abort(self, request_id: str) -> None:

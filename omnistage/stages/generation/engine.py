@@ -5,13 +5,15 @@ a pass per `chunk_size` new frames). A chunk is decoded with `left_context` earl
 `right_context` later ones as context, and only its own span of the output is emitted, so the joined
 output stays close to a one-pass decode while audio starts long before the input is complete.
 
-A request may start with context-only frames (`inputs["context_frames"]`: the first N input frames, e.g. a
+A request's inputs are a `GenerationInputs` (generation_inputs.py).
+
+A request may start with context-only frames (`context_frames`: the first N input frames, e.g. a
 cloned voice's reference clip codes that the model continues): they are decoded as left context (all of
 them in a one-pass decode) and never emitted.
 
 The first chunk's size may follow the load (`first_chunk_sizes`, e.g. [2, 4, 8, 16]: the smallest when the
 stage is nearly idle, the largest when it is full, chosen as a request arrives from active requests /
-`max_num_seqs`), and a request may ask its own (`inputs["first_chunk_frames"]`; 0: the regular chunk).
+`max_num_seqs`), and a request may ask its own (`first_chunk_frames`; 0: the regular chunk).
 
 A causal generator that can carry a stream's state from one call to the next (`end_stream`, see
 `Generator`) can decode chunks with no context at all (`streams=True`): each request's frames are fed to it
@@ -38,6 +40,8 @@ from omnistage.outputs import StageOutput
 from omnistage.prompts import TextPrompt
 from omnistage.stages.base import EngineContext, StageInputContext, StageRequest
 from omnistage.stages.engine_args import EngineArgs
+from omnistage.stages.generation.generation_inputs import GenerationInputs
+from omnistage.stages.typed_inputs import inputs_of
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +134,6 @@ class GenerationEngine:
         chunk_size: int | None = None,
         left_context: int = 0,
         right_context: int = 0,
-        input_key: str = "codes",
         output_key: str = "audio",
         max_chunk_size: int | None = None,
         first_chunk_size: int | None = None,
@@ -166,7 +169,6 @@ class GenerationEngine:
             raise ValueError(f"{type(generator).__name__} cannot carry streams (no end_stream)")
         if self.streams and (left_context or right_context):
             raise ValueError("a streaming generator takes no left or right context")
-        self.input_key = input_key
         self.output_key = output_key
         self.requests: dict[str, _Request] = {}
         self.paused = False
@@ -176,11 +178,12 @@ class GenerationEngine:
 
     # ---- StageEngine ---------------------------------------------------------------------------------
     def add_request(self, request: StageRequest) -> None:
-        frames = self._frames(request.inputs.get(self.input_key, request.prompt))
-        context = min(int(request.inputs.get("context_frames", 0)), len(frames))
+        inputs = inputs_of(GenerationInputs, request.inputs)
+        frames = self._frames(request.prompt if inputs.frames is None else inputs.frames)
+        context = min(int(inputs.context_frames), len(frames))
         complete = not request.streaming_input
         state = _Request(request, [frames], len(frames), emitted=context, context=context, complete=complete)
-        state.first_chunk = self._first_chunk(request.inputs.get("first_chunk_frames"))
+        state.first_chunk = self._first_chunk(inputs.first_chunk_frames)
         self.requests[request.request_id] = state
 
     def _first_chunk(self, asked: Any) -> int | None:
@@ -193,12 +196,14 @@ class GenerationEngine:
         sizes = self.first_chunk_sizes
         return sizes[min(len(sizes) - 1, int(load * len(sizes)))]
 
-    def add_chunk(self, request_id: str, inputs: dict[str, Any], last: bool) -> None:
+    def add_chunk(self, request_id: str, inputs: GenerationInputs | None, last: bool) -> None:
+        """More frames for a streaming request (`inputs.frames`; None: none this time)."""
         state = self.requests.get(request_id)
         if state is None:
             return
-        if self.input_key in inputs:
-            frames = self._frames(inputs[self.input_key])
+        frames = None if inputs is None else inputs_of(GenerationInputs, inputs).frames
+        if frames is not None:
+            frames = self._frames(frames)
             state.frames.append(frames)
             state.available += len(frames)
         state.complete = state.complete or last
@@ -390,7 +395,6 @@ class GenerationArgs(EngineArgs):
     first_right_context: int | None = None
     left_context: int = 0
     right_context: int = 0
-    input_key: str = "codes"
     output_key: str = "audio"
 
     refs: ClassVar[tuple[str, ...]] = ("generator",)
@@ -413,13 +417,17 @@ create_engine.args_type = GenerationArgs
 def tokens_input_processor(ctx: StageInputContext) -> StageRequest:
     """Full handoff: every upstream token becomes one input frame."""
     codes = [t for sid in ctx.stage.inputs for t in ctx.upstream[sid].token_ids]
-    return StageRequest(ctx.request_id, params=ctx.params, inputs={"codes": torch.tensor(codes)})
+    return StageRequest(ctx.request_id, params=ctx.params, inputs=GenerationInputs(torch.tensor(codes)))
 
 
-def tokens_chunk_processor(ctx: StageInputContext, chunk: StageOutput, last: bool) -> StageRequest | dict:
+def tokens_chunk_processor(
+    ctx: StageInputContext, chunk: StageOutput, last: bool
+) -> StageRequest | GenerationInputs:
     """Async chunk: the upstream's new tokens are the new frames."""
     codes = torch.tensor(chunk.token_ids, dtype=torch.long)
     if not ctx.state.get("started"):
         ctx.state["started"] = True
-        return StageRequest(ctx.request_id, params=ctx.params, inputs={"codes": codes}, streaming_input=True)
-    return {"codes": codes}
+        return StageRequest(
+            ctx.request_id, params=ctx.params, inputs=GenerationInputs(codes), streaming_input=True
+        )
+    return GenerationInputs(codes)
