@@ -66,9 +66,11 @@ def summary(name: str, tokens: int, wall: float, ttfts: list[float], note: str =
 def make_engine(model_dir: str, dtype: str, max_num_seqs: int, max_batched: int, kv_bytes: int | None = None):
     from omnistage.config.deploy import StageDeploy
     from omnistage.config.pipeline import StageSpec
+    from omnistage.families import registry
     from omnistage.stages.ar.engine import create_engine
     from omnistage.stages.base import EngineContext
 
+    registry.load()  # the decoder-layer forms (lean decoder) the families register, as a stage process does
     deploy = StageDeploy(
         stage_id=0,
         dtype=dtype,
