@@ -33,6 +33,7 @@ from omnistage.outputs import StageOutput
 from omnistage.params import GenerationParams
 from omnistage.stages.ar.ar_inputs import ARInputs
 from omnistage.stages.base import StageInputContext, StageRequest
+from omnistage.stages.generation.engine import stream_frames
 from omnistage.stages.generation.generation_inputs import GenerationInputs
 
 HERE = Path(__file__).parent
@@ -120,11 +121,11 @@ def code2wav_chunk(
     ctx: StageInputContext, chunk: StageOutput, last: bool
 ) -> StageRequest | GenerationInputs | None:
     """Async chunk: each talker delta's codes join the request's code stream."""
-    codes = _spoken(ctx, chunk.token_ids)
-    if not ctx.state.get("started"):
-        ctx.state["started"] = True
+
+    def start(codes: torch.Tensor) -> StageRequest:
         return StageRequest(ctx.request_id, params=_code2wav_params(ctx), inputs=GenerationInputs(codes))
-    return GenerationInputs(codes) if len(codes) or last else None
+
+    return stream_frames(ctx, _spoken(ctx, chunk.token_ids), last, start)
 
 
 def _spoken(ctx: StageInputContext, token_ids: list[int]) -> torch.Tensor:

@@ -32,6 +32,7 @@ from omnistage.params import SamplingParams
 from omnistage.stages.ar.ar_inputs import ARInputs
 from omnistage.stages.ar.cpu.layer_forms import LayerForm
 from omnistage.stages.base import StageInputContext, StageRequest
+from omnistage.stages.generation.engine import stream_frames
 from omnistage.stages.generation.generation_inputs import GenerationInputs
 
 HERE = Path(__file__).parent
@@ -150,12 +151,7 @@ def code2wav_chunk(
     ctx: StageInputContext, chunk: StageOutput, last: bool
 ) -> StageRequest | GenerationInputs | None:
     """Async chunk: each talker step's frames join the request's code stream."""
-    frames = _frames(chunk.codes)
-    if not ctx.state.get("started"):
-        ctx.state["started"] = True
-        inputs = GenerationInputs(frames)
-        return StageRequest(ctx.request_id, params=ctx.params, inputs=inputs, streaming_input=True)
-    return GenerationInputs(frames) if len(frames) or last else None
+    return stream_frames(ctx, _frames(chunk.codes), last)
 
 
 # ---- topology --------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from omnistage.errors import InvalidRequestError
 from omnistage.outputs import StageOutput, TokenCounts
 from omnistage.prompts import SpeechPrompt, prompt_text
 from omnistage.stages.base import StageInputContext, StageRequest
+from omnistage.stages.generation.engine import stream_frames
 from omnistage.stages.generation.generation_inputs import GenerationInputs
 
 HERE = Path(__file__).parent
@@ -284,11 +285,7 @@ def codec_chunk(
     ctx: StageInputContext, chunk: StageOutput, last: bool
 ) -> StageRequest | GenerationInputs | None:
     """Async chunk: each step's new frames as they come."""
-    frames = _frames(chunk.codes)
-    if not ctx.state.get("started"):
-        ctx.state["started"] = True
-        return _codec_request(ctx, frames, streaming=True)
-    return GenerationInputs(frames) if len(frames) or last else None
+    return stream_frames(ctx, _frames(chunk.codes), last, lambda frames: _codec_request(ctx, frames, True))
 
 
 def checkpoint_speakers(model_dir: str) -> list[str]:

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from omnistage.families.shared.flow_match import guidance_embedding, shifted_timesteps
 from omnistage.stages.diffusion.adapters import StepAdapter
 from omnistage.stages.diffusion.request import DiffusionRequest, StepState
 
@@ -22,8 +23,6 @@ class QwenImageAdapter(StepAdapter):
         return self.pipe.vae_scale_factor * 2
 
     def prepare(self, req: DiffusionRequest) -> StepState:
-        from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift, retrieve_timesteps
-
         pipe, p = self.pipe, req.params
         k, msl = p.num_outputs, p.max_sequence_length
         do_true_cfg = p.true_cfg_scale > 1 and req.negative_prompt is not None
@@ -41,20 +40,8 @@ class QwenImageAdapter(StepAdapter):
             None,
         )
         n = p.num_inference_steps
-        cfg = pipe.scheduler.config
-        mu = calculate_shift(
-            latents.shape[1],
-            cfg.get("base_image_seq_len", 256),
-            cfg.get("max_image_seq_len", 4096),
-            cfg.get("base_shift", 0.5),
-            cfg.get("max_shift", 1.15),
-        )
-        scheduler = self.private_scheduler()
-        timesteps, _ = retrieve_timesteps(scheduler, n, self.device, sigmas=np.linspace(1.0, 1 / n, n), mu=mu)
-        guidance = None
-        if pipe.transformer.config.guidance_embeds:
-            guidance = torch.full([1], p.guidance_scale, device=self.device, dtype=torch.float32).expand(k)
-        scheduler.set_begin_index(0)
+        scheduler, timesteps = shifted_timesteps(self, latents.shape[1], n, np.linspace(1.0, 1 / n, n))
+        guidance = guidance_embedding(self, p.guidance_scale, k)
         shape = (1, p.height // pipe.vae_scale_factor // 2, p.width // pipe.vae_scale_factor // 2)
         cond = {"encoder_hidden_states": embeds, "encoder_hidden_states_mask": mask}
         uncond = None

@@ -206,7 +206,7 @@ class AREngine:
         """More inputs for a streaming request (e.g. thinker hidden rows a talker's step hook reads)."""
         ar = self.requests.get(request_id)
         if ar is not None:
-            extend(ar.inputs, inputs_of(ARInputs, inputs) if inputs is not None else None)
+            extend(ar.inputs, inputs_of(ARInputs, inputs))
             ar.inputs.input_finished = bool(last)
             self._stalled = False
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from collections.abc import Generator as Steps
 from typing import Any, ClassVar, Protocol
 
@@ -201,7 +202,7 @@ class GenerationEngine:
         state = self.requests.get(request_id)
         if state is None:
             return
-        frames = None if inputs is None else inputs_of(GenerationInputs, inputs).frames
+        frames = inputs_of(GenerationInputs, inputs).frames
         if frames is not None:
             frames = self._frames(frames)
             state.frames.append(frames)
@@ -422,12 +423,25 @@ def tokens_input_processor(ctx: StageInputContext) -> StageRequest:
 
 def tokens_chunk_processor(
     ctx: StageInputContext, chunk: StageOutput, last: bool
-) -> StageRequest | GenerationInputs:
+) -> StageRequest | GenerationInputs | None:
     """Async chunk: the upstream's new tokens are the new frames."""
-    codes = torch.tensor(chunk.token_ids, dtype=torch.long)
+    return stream_frames(ctx, torch.tensor(chunk.token_ids, dtype=torch.long), last)
+
+
+def stream_frames(
+    ctx: StageInputContext,
+    frames: torch.Tensor,
+    last: bool,
+    start: Callable[[torch.Tensor], StageRequest] | None = None,
+) -> StageRequest | GenerationInputs | None:
+    """A chunk processor's answer for a generation stage fed frames as they come: the first chunk starts
+    the request (`start(frames)`, by default one with the stage's params), each later one adds its frames
+    (None while a chunk brings none and more are coming)."""
     if not ctx.state.get("started"):
         ctx.state["started"] = True
+        if start is not None:
+            return start(frames)
         return StageRequest(
-            ctx.request_id, params=ctx.params, inputs=GenerationInputs(codes), streaming_input=True
+            ctx.request_id, params=ctx.params, inputs=GenerationInputs(frames), streaming_input=True
         )
-    return GenerationInputs(codes)
+    return GenerationInputs(frames) if len(frames) or last else None
