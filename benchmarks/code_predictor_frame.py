@@ -15,7 +15,7 @@ import torch
 
 from omnistage.families.qwen3_omni.checkpoint import qwen3_omni_dir
 from omnistage.families.qwen3_omni.loaders import load_talker
-from omnistage.families.qwen3_tts.talker import residual_codes
+from omnistage.families.shared.depth_codes import residual_codes
 from omnistage.stages.ar.cpu.packed_linear import pack_linears, packing_available
 
 

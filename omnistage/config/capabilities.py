@@ -76,14 +76,15 @@ class SpeechOption:
     """A field of a speech request that a family declares and its stages read from the speech prompt:
     its name, its type (any annotation msgspec converts to, bounds through `Annotated[..., msgspec.Meta]`)
     and what it means. The speech routes check a request's value against the type (a 400 naming the field
-    otherwise), and refuse any option the model does not declare. `media`: the value names audio (a data
-    URL, or a local path the server's media policy allows) that the server reads; the prompt carries its
-    bytes."""
+    otherwise), and refuse any option the model does not declare. `media`: True, the value names audio (a
+    data URL, or a local path the server's media policy allows) that the server reads; the prompt carries
+    its bytes. A key instead: the value is a list of mappings, each naming its audio under that key (a
+    conversation's earlier turns)."""
 
     name: str
     type: Any
     description: str = ""
-    media: bool = False
+    media: bool | str = False
 
 
 @dataclasses.dataclass(frozen=True)

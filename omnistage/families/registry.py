@@ -32,6 +32,7 @@ FAMILIES = (
     "omnistage.families.qwen2_5_omni",
     "omnistage.families.qwen3_omni",
     "omnistage.families.qwen3_tts",
+    "omnistage.families.csm",
     "omnistage.families.whisper",
     "omnistage.families.hibari",
     "omnistage.families.wan",

@@ -92,8 +92,16 @@ async def speech_request(body: SpeechRequest, model: ServedModel, ctx: ServerCon
         return body.input, params
     options = family_options(body, model)
     for name, value in options.items():
-        if caps.speech_option(name).media:  # audio the server reads within its media policy, as bytes
+        media = caps.speech_option(name).media  # audio the server reads within its media policy, as bytes
+        if media is True:
             options[name], _ = await ctx.media.read(value, param=name)
+        elif media:  # a list of items, each naming its audio under the key `media`
+            options[name] = [
+                {**item, media: (await ctx.media.read(item[media], param=f"{name}[{i}].{media}"))[0]}
+                if item.get(media) is not None
+                else item
+                for i, item in enumerate(value)
+            ]
     prompt = SpeechPrompt(
         input=body.input,
         speaker=voice or None,

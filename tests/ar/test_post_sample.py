@@ -8,8 +8,17 @@ import pytest
 import torch
 
 from omnistage.params import SamplingParams
+from omnistage.stages.ar.post_sample import PostSample
 from omnistage.stages.base import StageRequest
-from tests.ar.ar_helpers import CODEBOOKS, hf_greedy, make_engine, reference_talker, run, step_rows
+from tests.ar.ar_helpers import (
+    CODEBOOKS,
+    hf_greedy,
+    make_engine,
+    predict_codes,
+    reference_talker,
+    run,
+    step_rows,
+)
 from tests.ar.test_greedy import workload
 
 pytestmark = pytest.mark.engine
@@ -116,3 +125,36 @@ def test_no_hook_no_codes() -> None:
     for i, p in enumerate(prompts[:2]):
         assert results[f"r{i}"].codes is None
         assert results[f"r{i}"].token_ids == hf_greedy("qwen2", tuple(p), MAX_NEW)
+
+
+def stop_from_step_5(model, step) -> PostSample:
+    """The toy hook, whose frames end their sequence from generated step 5 on (a family's own stop)."""
+    out = predict_codes(model, step)
+    out.stop = torch.tensor([s >= 5 for s in step.steps])
+    return out
+
+
+CASES = [({}, 6, "stop"), ({"min_tokens": 9}, 9, "stop"), ({"ignore_eos": True}, MAX_NEW, "length")]
+
+
+@pytest.mark.parametrize(("fields", "length", "reason"), CASES)
+def test_a_hook_can_end_a_sequence_as_an_eos_would(fields: dict, length: int, reason: str) -> None:
+    """A hook's `stop` ends the sequence with the frame it marks, minding min_tokens and ignore_eos as an
+    EOS token; the engine frees its KV."""
+    engine = talker(engine_args={"post_sample_hook": stop_from_step_5})
+    prompts, _ = workload(seed=5)
+    reqs = requests(prompts[:4])
+    for req in reqs:
+        req.params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, **fields)
+    results, _ = run(engine, reqs)
+    ended = 0
+    for req in reqs:
+        got = results[req.request_id]
+        if len(got.token_ids) < length and "ignore_eos" not in fields:
+            continue  # the model's own EOS came first: not this test's subject
+        ended += 1
+        assert len(got.token_ids) == length and got.codes.shape[0] == length, req.request_id
+        assert got.finish_reason == reason
+    assert ended >= 2
+    stats = engine.stats()
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]

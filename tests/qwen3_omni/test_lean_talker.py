@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from omnistage.families.qwen3_omni.loaders import load_talker
-from omnistage.families.qwen3_tts import talker as frames
+from omnistage.families.shared import depth_codes as frames
 from omnistage.stages.ar.cpu.lean_decoder import LeanDecoder
 from omnistage.stages.ar.cpu.packed_linear import pack_linears, packing_available
 from tests.ar.ar_helpers import use_pointwise

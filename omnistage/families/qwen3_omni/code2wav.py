@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from omnistage.families.qwen3_omni.loaders import load_code2wav
-from omnistage.families.qwen3_tts.decoder_stage import CodecArgs, codec_engine
+from omnistage.families.shared.codec_stage import CodecArgs, codec_engine
 from omnistage.stages.base import EngineContext
 from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine, one_unit
 

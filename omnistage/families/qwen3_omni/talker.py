@@ -26,8 +26,8 @@ import torch
 
 from omnistage.errors import InvalidRequestError
 from omnistage.families.qwen2_5_omni.talker import new_reply_rows
-from omnistage.families.qwen3_tts.talker import residual_codes
 from omnistage.families.qwen3_tts.talker_inputs import TalkerText
+from omnistage.families.shared.depth_codes import residual_codes
 from omnistage.stages.ar.ar_inputs import ARInputs
 from omnistage.stages.ar.post_sample import PostSample, SampledStep
 

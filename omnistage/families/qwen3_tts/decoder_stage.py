@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Generator as Steps
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from omnistage.families.qwen3_tts.codec import SUBFOLDER, CodecDecoder, StreamState, load_codec
+from omnistage.families.shared.codec_stage import CodecArgs, codec_engine
 from omnistage.stages.ar.loader import resolve_dtype
 from omnistage.stages.base import EngineContext
-from omnistage.stages.engine_args import EngineArgs
 from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine, one_unit
 
 SAMPLE_RATE = 24000
@@ -61,16 +61,6 @@ class CodecGenerator:
         self.streams.pop(stream_id, None)
 
 
-class CodecArgs(EngineArgs):
-    """A codec stage's `engine_args` (Qwen3-TTS's, and Qwen3-Omni's code2wav; create_engine says what each
-    does)."""
-
-    chunk_frames: int = 25
-    first_chunk_frames: int | list[int] | None = None  # None: chunk_frames
-    left_context_frames: int | Literal["stream", "exact"] | None = None  # None: "stream" where it can
-    max_chunk_frames: int = 300
-
-
 def create_engine(ctx: EngineContext) -> GenerationEngine:
     """engine_args: `chunk_frames` (25), `first_chunk_frames` (the first chunk: its audio waits for fewer
     frames; a list such as [2, 4, 8, 16] picks one by the stage's load as each request arrives, as vLLM-Omni
@@ -91,30 +81,3 @@ def create_engine(ctx: EngineContext) -> GenerationEngine:
 
 
 create_engine.args_type = CodecArgs
-
-
-def codec_engine(ctx: EngineContext, generator: Any, exact_context: int) -> GenerationEngine:
-    """The generation engine over a codec generator (Qwen3-TTS's, Qwen3-Omni's code2wav) with
-    `create_engine`'s engine_args; `exact_context`: the frames of left context that make chunks join into
-    the one-pass waveform."""
-    args = CodecArgs.of(ctx.engine_args)
-    if ctx.deploy.async_chunk is False:
-        return GenerationEngine(generator, max_num_seqs=ctx.deploy.max_num_seqs)
-    chunk = args.chunk_frames
-    streamable = callable(getattr(generator, "end_stream", None))
-    left = args.left_context_frames
-    left = ("stream" if streamable else 25) if left is None else left
-    streams = left == "stream"
-    left = 0 if streams else exact_context if left == "exact" else int(left)
-    first = chunk if args.first_chunk_frames is None else args.first_chunk_frames
-    sizes = sorted(int(n) for n in first) if isinstance(first, list | tuple) else None  # chosen by load
-    return GenerationEngine(
-        generator,
-        max_num_seqs=ctx.deploy.max_num_seqs,
-        chunk_size=chunk,
-        max_chunk_size=args.max_chunk_frames,
-        first_chunk_size=sizes[0] if sizes else int(first),
-        first_chunk_sizes=sizes,
-        left_context=left,
-        streams=streams,
-    )

@@ -135,3 +135,35 @@ def t5_tokenizer(model_max_length: int = 512):
     vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
     vocab += [(p, math.log(counts[p] / total)) for p in pieces]
     return T5Tokenizer(vocab=vocab, extra_ids=0, model_max_length=model_max_length)
+
+
+LLAMA3_SPECIAL_TOKENS = {"<|begin_of_text|>": 128000, "<|end_of_text|>": 128001}
+
+
+def llama3_tokenizer(extra_specials: dict[str, int] | None = None, pad_token: str | None = None):
+    """A Llama 3 byte-level BPE tokenizer (BOS 128000 added in front, EOS 128001) as
+    `transformers.PreTrainedTokenizerFast`, with `extra_specials` (token → its real id) beside them and
+    `pad_token` (one of them) for padded batches."""
+    from tokenizers import Tokenizer, decoders, models, processors
+    from transformers import PreTrainedTokenizerFast
+
+    specials = {**LLAMA3_SPECIAL_TOKENS, **(extra_specials or {})}
+    split = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    merges = _learn_bpe(_words(split.pre_tokenize_str), 300)
+    vocab = _bpe_vocab(BYTE_ALPHABET, merges, specials)
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    backend.pre_tokenizer = split
+    backend.decoder = decoders.ByteLevel()
+    bos = "<|begin_of_text|>"
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, specials[bos])]
+    )
+    backend.add_special_tokens(list(specials))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=bos,
+        eos_token="<|end_of_text|>",
+        pad_token=pad_token,
+        model_max_length=131072,
+        clean_up_tokenization_spaces=False,
+    )

@@ -310,20 +310,23 @@ class AREngine:
             if isinstance(row, BaseException):
                 failed += self._fail(seq.request, row)
                 continue
-            frame, next_embed = row
+            frame, next_embed, stop = row
             if frame is not None:
                 seq.pending_codes.append(frame)
             seq.fed_embeds.append(next_embed)
-            self._append_token(seq, token, logprob)
+            self._append_token(seq, token, logprob, stop)
         return failed
 
-    def _append_token(self, seq: Sequence, token: int, logprob: dict[str, Any] | None) -> None:
+    def _append_token(
+        self, seq: Sequence, token: int, logprob: dict[str, Any] | None, stop: bool = False
+    ) -> None:
+        """`stop`: a post-sample hook ended the sequence with this token's frame (as an EOS would)."""
         seq.token_ids.append(token)
         if logprob is not None:
             seq.pending_logprobs.append(logprob)
         new_text = seq.detokenizer.step(seq.token_ids) if seq.detokenizer else ""
         seq.output_text += new_text
-        reason = self._stop_reason(seq, token, new_text)
+        reason = self._stop_reason(seq, token, new_text, stop)
         if reason is None:
             return
         seq.finish_reason = reason
@@ -331,10 +334,10 @@ class AREngine:
             seq.output_text += seq.detokenizer.flush(seq.token_ids)
         self.scheduler.finish(seq)
 
-    def _stop_reason(self, seq: Sequence, token: int, new_text: str) -> str | None:
+    def _stop_reason(self, seq: Sequence, token: int, new_text: str, stop: bool = False) -> str | None:
         p = seq.params
         if seq.num_output_tokens >= p.min_tokens:
-            if token in self.sampler.eos_token_ids and not p.ignore_eos:
+            if (stop or token in self.sampler.eos_token_ids) and not p.ignore_eos:
                 return "stop"
             if token in p.stop_token_ids:
                 seq.stop_reason = token

@@ -44,11 +44,15 @@ class PostSample:
 
     codes: torch.Tensor | None = None  # [S, C - 1]: the frame's other codebooks, emitted as codes [1, C]
     next_embeds: torch.Tensor | None = None  # [S, H]: fed back instead of each sampled token's embedding
+    # [S] bool: the frame ends its sequence, as an EOS token would (min_tokens and ignore_eos apply): a
+    # family whose stop is a whole frame's (CSM's all-EOS frame), not one token id
+    stop: torch.Tensor | None = None
 
 
 PostSampleHook = Callable[[Any, SampledStep], PostSample]
 EmbedSpec = tuple[int, torch.dtype, torch.device]  # width, dtype, device
-Row = tuple[torch.Tensor | None, torch.Tensor | None]  # (frame [1, C] with the token first, embed [H])
+# (frame [1, C] with the token first, embed [H], whether the frame ends the sequence)
+Row = tuple[torch.Tensor | None, torch.Tensor | None, bool]
 
 
 def run_hook(
@@ -97,4 +101,9 @@ def _rows(out: PostSample, step: SampledStep, embed: EmbedSpec) -> list[Row]:
                 f"[{n}, {width}]"
             )
         embeds = [row.clone() for row in out.next_embeds.to(device, dtype)]
-    return list(zip(frames, embeds, strict=True))
+    stops = [False] * n
+    if out.stop is not None:
+        if tuple(out.stop.shape) != (n,):
+            raise ValueError(f"the post-sample hook's stop has shape {list(out.stop.shape)}, expected [{n}]")
+        stops = [bool(v) for v in out.stop.tolist()]
+    return list(zip(frames, embeds, stops, strict=True))
