@@ -75,11 +75,12 @@ TINY = dict(
     codec_config=dict(model_type="mimi", **TINY_MIMI),
 )
 # csm-1b's widths and codebooks (its Mimi is transformers' default MimiConfig), 4 of 16 backbone layers and
-# 2 of 4 depth decoder layers.
+# 2 of 4 depth decoder layers. Mimi's codebooks hold 4096 codes, not 2048: random weights emit all 2051 of
+# CSM's codes (the trained model never emits 2048..2050), and Mimi's codebook size is a power of two.
 BENCH = dict(
     num_hidden_layers=4,
     depth_decoder_config=dict(num_hidden_layers=2),
-    codec_config=dict(model_type="mimi"),
+    codec_config=dict(model_type="mimi", codebook_size=4096),
 )
 
 
