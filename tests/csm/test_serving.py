@@ -142,6 +142,8 @@ def test_a_voice_speaks_by_its_clip_as_context(client: OpenAI, http: httpx.Clien
     assert uploaded == inline == turn != speak(client)
     other = speak(client, voice="teller", speaker_id=1)
     assert other != uploaded
+    entry = http.get("/v1/audio/voices", params={"model": model()}).json()["models"][0]
+    assert entry["voices"] == ["0", "1"] and entry["clones_voices"] is True
 
 
 @pytest.mark.parametrize(
