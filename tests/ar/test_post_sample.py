@@ -158,3 +158,26 @@ def test_a_hook_can_end_a_sequence_as_an_eos_would(fields: dict, length: int, re
     assert ended >= 2
     stats = engine.stats()
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+
+
+def choose_whole_frame(model, step) -> PostSample:
+    """The toy hook, picking the frame itself: the sampled token's codes reversed as the frame, and the
+    frame's last code as the token the step appends."""
+    out = predict_codes(model, step)
+    frames = torch.cat([step.token_ids[:, None], out.codes], dim=1).flip(1)
+    return PostSample(frames=frames, next_embeds=out.next_embeds, token_ids=frames[:, -1] + 1)
+
+
+def test_a_hook_can_pick_the_frame_and_the_token_itself() -> None:
+    """`frames` are emitted as the hook made them and `token_ids` replace the sampled tokens; the fed
+    embeddings are the hook's, so what is sampled next is what the same hook alone gives."""
+    prompts, _ = workload(seed=6)
+    engine = talker(engine_args={"post_sample_hook": choose_whole_frame})
+    results, deltas = run(engine, requests(prompts[:3]))
+    plain, _ = run(talker(), requests(prompts[:3]))
+    for rid, got in results.items():
+        want = plain[rid]
+        steps = min(len(got.token_ids), len(want.token_ids))
+        assert steps >= 2 and torch.equal(got.codes[:steps], want.codes[:steps].flip(1))
+        assert got.token_ids[:steps] == [t + 1 for t in want.token_ids[:steps]]
+        assert all(d.codes is None or d.codes.shape[0] == len(d.token_ids) for d in deltas[rid])

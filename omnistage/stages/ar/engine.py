@@ -310,7 +310,8 @@ class AREngine:
             if isinstance(row, BaseException):
                 failed += self._fail(seq.request, row)
                 continue
-            frame, next_embed, stop = row
+            frame, next_embed, stop, chosen = row
+            token = token if chosen is None else chosen
             if frame is not None:
                 seq.pending_codes.append(frame)
             seq.fed_embeds.append(next_embed)

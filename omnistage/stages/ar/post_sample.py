@@ -47,12 +47,18 @@ class PostSample:
     # [S] bool: the frame ends its sequence, as an EOS token would (min_tokens and ignore_eos apply): a
     # family whose stop is a whole frame's (CSM's all-EOS frame), not one token id
     stop: torch.Tensor | None = None
+    # A family that picks the whole frame itself from the hidden state (every codebook under its own rules,
+    # e.g. a delay pattern across codebooks): `frames` [S, C] is emitted as it is (instead of the sampled
+    # token + `codes`), and `token_ids` [S] is the token appended in place of the sampled one (what the
+    # step stands for in the sequence: EOS ends it as always)
+    frames: torch.Tensor | None = None
+    token_ids: torch.Tensor | None = None
 
 
 PostSampleHook = Callable[[Any, SampledStep], PostSample]
 EmbedSpec = tuple[int, torch.dtype, torch.device]  # width, dtype, device
-# (frame [1, C] with the token first, embed [H], whether the frame ends the sequence)
-Row = tuple[torch.Tensor | None, torch.Tensor | None, bool]
+# (frame [1, C], embed [H], whether the frame ends the sequence, the token to append or None: the sampled)
+Row = tuple[torch.Tensor | None, torch.Tensor | None, bool, int | None]
 
 
 def run_hook(
@@ -89,7 +95,16 @@ def _rows(out: PostSample, step: SampledStep, embed: EmbedSpec) -> list[Row]:
         raise TypeError(f"the post-sample hook returned {type(out).__name__}, not PostSample")
     frames: list[torch.Tensor | None] = [None] * n
     embeds: list[torch.Tensor | None] = [None] * n
-    if out.codes is not None:
+    tokens: list[int | None] = [None] * n
+    if out.token_ids is not None:
+        if tuple(out.token_ids.shape) != (n,):
+            raise ValueError(
+                f"the post-sample hook's token_ids have shape {list(out.token_ids.shape)}, not [{n}]"
+            )
+        tokens = [int(t) for t in out.token_ids.tolist()]
+    if out.frames is not None:
+        frames = list(out.frames.reshape(n, -1).to("cpu", torch.long).split(1))
+    elif out.codes is not None:
         codes = out.codes.reshape(n, -1).to("cpu", torch.long)
         whole = torch.cat([step.token_ids.cpu()[:, None], codes], dim=1)
         frames = list(whole.split(1))
@@ -106,4 +121,4 @@ def _rows(out: PostSample, step: SampledStep, embed: EmbedSpec) -> list[Row]:
         if tuple(out.stop.shape) != (n,):
             raise ValueError(f"the post-sample hook's stop has shape {list(out.stop.shape)}, expected [{n}]")
         stops = [bool(v) for v in out.stop.tolist()]
-    return list(zip(frames, embeds, stops, strict=True))
+    return list(zip(frames, embeds, stops, tokens, strict=True))
