@@ -184,7 +184,8 @@ class AREngine:
         """Encoder-decoder models: each sequence's cross-attention K/V, computed once, here."""
         if self.model.cross_kv is None:
             return None
-        states = encoder_states(ar.inputs, ar.params.n, self.rules.hidden_size)
+        width = self.model.encoder_hidden_size or self.rules.hidden_size
+        states = encoder_states(ar.inputs, ar.params.n, width)
         ar.inputs.encoder_hidden_states = None  # the projections are all the decoder needs from now on
         return project(self.model.cross_kv, states, self.dtype, self.device)
 
@@ -300,6 +301,7 @@ class AREngine:
             hidden=hidden,
             steps=[seq.num_output_tokens for seq in seqs],
             inputs=[seq.request.inputs for seq in seqs],
+            histories=[seq.token_ids[len(seq.request.prompt_token_ids) :] for seq in seqs],
         )
         embed = (self.rules.hidden_size, self.dtype, self.device)
         failed: list[StageOutput] = []

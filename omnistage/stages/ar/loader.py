@@ -40,6 +40,7 @@ class LoadedModel:
     root: torch.nn.Module | None = None  # owns every weight (moved on sleep); defaults to the decoder
     # Encoder-decoder models: encoder output [S, H] → each layer's cross-attention K/V (cross_attention.py).
     cross_kv: Any | None = None
+    encoder_hidden_size: int | None = None  # the encoder output's width, where it is not the decoder's
     # `fn(output_token_ids, logits[V]) -> logits` run for every request before its own (e.g. a recogniser's
     # suppressed tokens, which its `generate` applies to every step).
     logits_processors: list[Any] = dataclasses.field(default_factory=list)
@@ -115,6 +116,7 @@ def check_loaded(loaded: Any, loader_name: str) -> LoadedModel:
             eos_token_ids=list(getattr(loaded, "eos_token_ids", None) or []),
             root=getattr(loaded, "root", None),
             cross_kv=getattr(loaded, "cross_kv", None),
+            encoder_hidden_size=getattr(loaded, "encoder_hidden_size", None),
             logits_processors=list(getattr(loaded, "logits_processors", None) or []),
         )
     if loaded.root is None:

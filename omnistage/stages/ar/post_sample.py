@@ -36,6 +36,9 @@ class SampledStep:
     hidden: torch.Tensor  # [S, H] the last-layer hidden state each token was sampled from
     steps: list[int]  # each token's index among its sequence's generated tokens (0: the first)
     inputs: list[Any]  # each sequence's request ARInputs (streamed chunks joined)
+    # each sequence's generated tokens before this one (the tokens the hook chose, where it chose them):
+    # what a hook whose rules depend on the sequence's past reads, staying a pure function of its arguments
+    histories: list[list[int]] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -81,7 +84,9 @@ def _run(hook: PostSampleHook, model: Any, step: SampledStep, embed: EmbedSpec) 
     results: list[Row | BaseException] = []
     for i in range(len(step.steps)):
         pick = slice(i, i + 1)
-        one = SampledStep(step.token_ids[pick], step.hidden[pick], step.steps[pick], step.inputs[pick])
+        one = SampledStep(
+            step.token_ids[pick], step.hidden[pick], step.steps[pick], step.inputs[pick], step.histories[pick]
+        )
         try:
             results += _rows(hook(model, one), one, embed)
         except Exception as exc:  # noqa: BLE001 - a hook failure fails its own request only
