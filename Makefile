@@ -17,6 +17,11 @@ $(STAMP): pyproject.toml omnistage/stages/ar/cpu/native.py $(wildcard omnistage/
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test,ray]'  # ray: tests/ray run stages on a local two-node cluster
 	$(PY) -m pip install -q --no-deps $(DEMO_PACKAGES)
+	# Higgs Audio v2's codec imports torchaudio. Its PyPI wheel is CUDA-linked and fails to load beside the
+	# CPU torch; installed without dependencies and its compiled libraries removed, the pure-Python parts the
+	# codec calls (resample) work.
+	$(PY) -m pip install -q --no-deps torchaudio==2.11.1
+	rm -f $(VENV)/lib/python*/site-packages/torchaudio/lib/*.so
 	# The AR engine's native kernels, compiled once into this install (serving only loads them).
 	$(PY) -m omnistage.stages.ar.cpu.native
 	touch $(STAMP)

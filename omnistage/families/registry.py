@@ -33,6 +33,7 @@ FAMILIES = (
     "omnistage.families.qwen3_omni",
     "omnistage.families.qwen3_tts",
     "omnistage.families.csm",
+    "omnistage.families.higgs_audio_v2",
     "omnistage.families.dia",
     "omnistage.families.whisper",
     "omnistage.families.hibari",

@@ -49,31 +49,43 @@ SPEECH_OPTIONS = (
 )
 
 
-def _reference(loaded: Any, options: dict[str, Any]) -> tuple[str, torch.Tensor | None]:
+def _reference(loaded: Any, options: dict[str, Any], voice: Any = None) -> tuple[str, torch.Tensor | None]:
     """An audio prompt as Dia clones a voice: the clip's DAC codes (the decoder prefix) and its transcript,
-    which the script must start with (the encoder reads both)."""
+    which the script must start with (the encoder reads both). The clip is the request's own (`ref_audio`)
+    or an uploaded voice's file, with its transcript."""
     clip, text = options.get("ref_audio"), options.get("ref_text")
-    if clip is None:
+    if voice is not None:
+        if clip is not None:
+            raise InvalidRequestError(
+                "ref_audio: give ref_audio or an uploaded voice, not both", param="ref_audio"
+            )
+        text = text or voice.ref_text
+        if not text:
+            raise InvalidRequestError(
+                f"voice: uploaded voice {voice.name!r} has no transcript (ref_text); Dia continues a clip "
+                "from what it says",
+                param="voice",
+            )
+    elif clip is None:
         if text is not None:
             raise InvalidRequestError("ref_text: needs its clip (ref_audio)", param="ref_text")
         return "", None
     if not text:
         raise InvalidRequestError("ref_text: ref_audio needs its transcript", param="ref_text")
-    if not isinstance(clip, bytes | bytearray) or not clip:
+    if voice is None and (not isinstance(clip, bytes | bytearray) or not clip):
         raise InvalidRequestError("ref_audio: needs the bytes of an audio clip", param="ref_audio")
-    from omnistage.media import decode_audio, resample
+    from omnistage.media import decode_audio, resample, voice_samples
 
+    param = "voice" if voice is not None else "ref_audio"
     try:
-        samples, rate = decode_audio(bytes(clip))
+        samples, rate = voice_samples(voice.path) if voice is not None else decode_audio(bytes(clip))
     except Exception as exc:  # whatever the decoder makes of bytes that are not audio
-        raise InvalidRequestError(
-            f"ref_audio: not a readable audio clip ({exc})", param="ref_audio"
-        ) from None
+        raise InvalidRequestError(f"{param}: not a readable audio clip ({exc})", param=param) from None
     samples = samples.mean(axis=0) if samples.ndim == 2 else samples
     rate_wanted = int(loaded.clip_rate())
     samples = resample(samples, rate, rate_wanted) if rate != rate_wanted else samples
     if len(samples) == 0:
-        raise InvalidRequestError("ref_audio: the clip is empty", param="ref_audio")
+        raise InvalidRequestError(f"{param}: the clip is empty", param=param)
     return text if text[-1:].isspace() else text + " ", loaded.clip_codes(samples)
 
 
@@ -89,7 +101,8 @@ def speech_input(ctx: StageInputContext) -> StageRequest:
     if not str(text or "").strip():
         raise InvalidRequestError("input: Input text cannot be empty", param="input")
     options = prompt.options if isinstance(prompt, SpeechPrompt) else {}
-    before, codes = _reference(ctx.resources, options)
+    voice = prompt.uploaded_voice if isinstance(prompt, SpeechPrompt) else None
+    before, codes = _reference(ctx.resources, options, voice)
     try:
         ids, inputs = decoder_prompt(ctx.resources, before + text, ctx.params, codes)
     except ValueError as exc:
@@ -173,6 +186,10 @@ DIA = PipelineSpec(
         routes=("speech",),
         prompt="speech",
         fields={"sampling": (0,), "generation": (1,)},
+        # one built-in voice: the script's own speakers ([S1], [S2]) as the model samples them; an uploaded
+        # voice (a clip and its transcript) is continued as an audio prompt
+        voices=("default",),
+        clones_voices=True,
         speech_options=SPEECH_OPTIONS,
     ),
 )

@@ -1,0 +1,131 @@
+"""Higgs Audio v2 served by `omnistage serve` with its default deploy (both stages as processes, async
+chunk), through the official `openai` client: speech equal to the reference's waveform (PCM16), its SSE
+stream's deltas joined equal to the whole; a voice uploaded with its transcript speaks as the same clip given
+inline; bad fields answer 400 naming them."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pytest
+from openai import OpenAI
+
+from omnistage.families.higgs_audio_v2.tiny import tiny_higgs_dir
+from tests.higgs_audio_v2.reference import CLONE, PROMPTS, reference_waveform
+from tests.higgs_audio_v2.test_pipeline import wav
+from tests.support.server_process import ServerProcess
+
+pytestmark = pytest.mark.engine
+
+MAX_NEW = 24
+GREEDY = [{"temperature": 0.0, "max_tokens": MAX_NEW}, {}]
+TEXT = PROMPTS[3][0]
+REF_TEXT, REF_CLIP = CLONE[2]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    voices, logs = tmp_path_factory.mktemp("higgs-voices"), tmp_path_factory.mktemp("higgs-server")
+    args = ["serve", str(tiny_higgs_dir()), "--num-threads", "1", "--voices-dir", str(voices)]
+    proc = ServerProcess(args, Path(logs) / "server.log", module="omnistage")
+    proc.wait_healthy(timeout=300)
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def http(server: ServerProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=300) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerProcess) -> OpenAI:
+    return OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def model() -> str:
+    return tiny_higgs_dir().name
+
+
+def speak(client: OpenAI, text: str = TEXT, **extra) -> bytes:
+    voice = extra.pop("voice", "default")
+    reply = client.audio.speech.create(
+        model=model(),
+        voice=voice,
+        input=text,
+        response_format="pcm",
+        extra_body={"stage_params": GREEDY, **extra},
+    )
+    return reply.content
+
+
+def pcm(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32767
+
+
+def data_url(samples) -> str:
+    return "data:audio/wav;base64," + base64.b64encode(wav(samples)).decode()
+
+
+def test_speech_and_its_stream_are_the_reference_waveform(client: OpenAI) -> None:
+    whole = speak(client)
+    want = reference_waveform(TEXT, None, None).numpy()
+    assert len(whole) == 2 * len(want)
+    assert float(np.abs(pcm(whole) - np.clip(want, -1, 1)).max()) <= 2 / 32767  # PCM16 rounding
+    deltas, done = [], None
+    stream = client.audio.speech.with_streaming_response
+    with stream.create(model=model(), voice="default", input=TEXT, response_format="pcm",
+                       extra_body={"stage_params": GREEDY, "stream": True,
+                                   "initial_codec_chunk_frames": 2}) as reply:  # fmt: skip
+        for line in reply.iter_lines():
+            if line.startswith("data:"):
+                data = json.loads(line[5:])
+                if data["type"] == "speech.audio.delta":
+                    deltas.append(base64.b64decode(data["audio"]))
+                else:
+                    done = data
+    assert done is not None and done["type"] == "speech.audio.done", done
+    assert len(deltas) >= 2 and b"".join(deltas) == whole  # async chunks, joined: the same audio
+
+
+def test_an_uploaded_voice_speaks_as_its_clip_inline(client: OpenAI, http: httpx.Client) -> None:
+    got = http.post(
+        "/v1/audio/voices",
+        data={"name": "teller", "consent": "yes", "ref_text": REF_TEXT},
+        files={"audio_sample": ("teller.wav", wav(REF_CLIP), "audio/wav")},
+    )
+    assert got.status_code == 200, got.text
+    uploaded = speak(client, CLONE[0], voice="teller")
+    inline = speak(client, CLONE[0], ref_audio=data_url(REF_CLIP), ref_text=REF_TEXT)
+    assert uploaded == inline != speak(client, CLONE[0])
+    want = reference_waveform(*CLONE).numpy()
+    assert float(np.abs(pcm(inline) - np.clip(want, -1, 1)).max()) <= 2 / 32767
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"voice": "nobody"}, "voice"),
+        ({"ref_text": REF_TEXT}, "ref_text"),
+        ({"ref_audio": "data:audio/wav;base64,AAAA", "ref_text": REF_TEXT}, "ref_audio"),
+        ({"ref_audio": "/etc/hostname", "ref_text": REF_TEXT}, "ref_audio"),
+        ({"scene": "A quiet room.", "instructions": "Speak warmly"}, "scene"),
+        ({"initial_codec_chunk_frames": -1}, "initial_codec_chunk_frames"),
+        ({"speaker_id": 1}, "speaker_id"),
+    ],
+)
+def test_bad_fields_are_400_naming_them(client: OpenAI, extra: dict, param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        speak(client, **extra)
+    error = refused.value.body if isinstance(refused.value.body, dict) else {}
+    error = error.get("error", error)
+    assert refused.value.status_code == 400 and error.get("param") == param, error
