@@ -21,10 +21,8 @@ computes it natively, AVX512-BF16 or AMX).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -33,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from omnistage import AsyncOmni, SamplingParams  # noqa: E402
+from benchmarks.tts_against_reference import compare, run_reference  # noqa: E402
 from omnistage.families.csm.tiny import bench_csm_dir  # noqa: E402
 from omnistage.prompts import SpeechPrompt  # noqa: E402
 
@@ -51,16 +49,15 @@ TEXTS = [
 ]
 
 
-def run_reference(model_dir: Path, texts: list[str], frames: int, dtype: str) -> dict:
-    """One request at a time, every core, as the model card calls it."""
+def reference(model_dir: Path, frames: int, dtype: str):
+    """One request as the model card calls it: the chat template, then greedy `generate(...,
+    output_audio=True)`."""
     from transformers import AutoProcessor, CsmForConditionalGeneration
 
-    torch.set_num_threads(os.cpu_count() or 1)
     processor = AutoProcessor.from_pretrained(str(model_dir))
     model = CsmForConditionalGeneration.from_pretrained(str(model_dir), dtype=getattr(torch, dtype)).eval()
 
-    def one(text: str) -> tuple[float, torch.Tensor]:
-        began = time.perf_counter()
+    def one(text: str) -> torch.Tensor:
         conversation = [{"role": str(SPEAKER), "content": [{"type": "text", "text": text}]}]
         inputs = processor.apply_chat_template(conversation, tokenize=True, return_dict=True)
         with torch.inference_mode():
@@ -71,70 +68,9 @@ def run_reference(model_dir: Path, texts: list[str], frames: int, dtype: str) ->
                 depth_decoder_do_sample=False,
                 output_audio=True,
             )
-        return time.perf_counter() - began, audio[0].float().reshape(-1)
+        return audio[0]
 
-    one(texts[0])  # warm-up
-    started = time.perf_counter()
-    results = [one(text) for text in texts]
-    wall = time.perf_counter() - started
-    model = None  # freed before omnistage loads its own
-    gc.collect()
-    audio = [len(r[1]) / RATE for r in results]
-    return {
-        "ttfa_p50": statistics.median(r[0] for r in results),  # its first audio is its whole waveform
-        "rtf_p50": statistics.median(r[0] / a for r, a in zip(results, audio, strict=True)),
-        "audio_per_s": sum(audio) / wall,
-        "wavs": [r[1] for r in results],
-    }
-
-
-async def run_omnistage(
-    model_dir: Path, texts: list[str], frames: int, concurrency: int, dtype: str, async_chunk: bool = True
-) -> dict:
-    overrides = {
-        "0": {"max_num_seqs": max(concurrency, 1), "dtype": dtype},
-        "1": {"async_chunk": async_chunk, "dtype": dtype},
-    }
-    omni = AsyncOmni(str(model_dir), stage_overrides=overrides)
-    params = [SamplingParams(temperature=0.0, max_tokens=frames), None]
-
-    async def one(text: str) -> tuple[float, float, torch.Tensor]:
-        began, first = time.perf_counter(), None
-        async for out in omni.generate(SpeechPrompt(input=text, speaker=str(SPEAKER)), params):
-            if first is None and out.delta_audio is not None and out.delta_audio.numel():
-                first = time.perf_counter() - began
-            if out.finished:
-                if out.error is not None:
-                    raise RuntimeError(out.error)
-                return first, time.perf_counter() - began, out.audio.reshape(-1)
-        raise RuntimeError("no terminal output")
-
-    try:
-        await one(texts[0])  # warm-up
-        slots = asyncio.Semaphore(concurrency)
-
-        async def in_a_slot(text: str) -> tuple[float, float, torch.Tensor]:
-            async with slots:
-                return await one(text)
-
-        started = time.perf_counter()
-        results = await asyncio.gather(*(in_a_slot(text) for text in texts))
-        wall = time.perf_counter() - started
-    finally:
-        await omni.shutdown()
-    audio = [len(r[2]) / RATE for r in results]
-    return {
-        "ttfa_p50": statistics.median(r[0] for r in results),
-        "rtf_p50": statistics.median(r[1] / a for r, a in zip(results, audio, strict=True)),
-        "audio_per_s": sum(audio) / wall,
-        "wavs": [r[2] for r in results],
-    }
-
-
-def max_diff(waves: list[torch.Tensor], others: list[torch.Tensor]) -> float:
-    if any(len(a) != len(b) for a, b in zip(waves, others, strict=True)):
-        return float("inf")
-    return max(float((a.float() - b.float()).abs().max()) for a, b in zip(waves, others, strict=True))
+    return one
 
 
 def main() -> None:
@@ -154,30 +90,12 @@ def main() -> None:
         f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )
-    ref = run_reference(model_dir, texts, args.frames, args.dtype)
+    torch.set_num_threads(os.cpu_count() or 1)  # the reference on every core
+    ref = run_reference(reference(model_dir, args.frames, args.dtype), texts, RATE)
+    gc.collect()
     print(f"reference, one at a time: time to whole waveform p50 {ref['ttfa_p50']:.2f} s", flush=True)
-    solo = asyncio.run(run_omnistage(model_dir, texts, args.frames, 1, args.dtype))
-    print(f"omnistage c=1: time to first audio p50 {solo['ttfa_p50']:.3f} s", flush=True)
-    many = asyncio.run(run_omnistage(model_dir, texts, args.frames, 8, args.dtype))
-    whole = asyncio.run(run_omnistage(model_dir, texts, args.frames, 8, args.dtype, async_chunk=False))
-    rows = [
-        ("reference, one at a time", ref),
-        ("omnistage, concurrency 1", solo),
-        ("omnistage, concurrency 8", many),
-        ("omnistage, c=8, full handoff", whole),
-    ]
-    print(f"\n{'':28} {'TTFA p50 s':>11} {'RTF p50':>8} {'audio-s/s':>10}")
-    for name, row in rows:
-        print(f"{name:28} {row['ttfa_p50']:11.3f} {row['rtf_p50']:8.3f} {row['audio_per_s']:10.3f}")
-    print(
-        f"\ntime to first audio, c=1 / reference's whole waveform: {solo['ttfa_p50'] / ref['ttfa_p50']:.3f}x "
-        f"(target <= 0.25x)\naudio-seconds per second, c=8 / reference: "
-        f"{many['audio_per_s'] / ref['audio_per_s']:.2f}x (target >= 3x); full handoff "
-        f"{whole['audio_per_s'] / ref['audio_per_s']:.2f}x\n"
-        f"waveform max |omnistage - reference|: full handoff {max_diff(whole['wavs'], ref['wavs']):.2e}; "
-        f"async chunk (each chunk continuing its stream; the reference decodes in one pass) "
-        f"c=1 {max_diff(solo['wavs'], ref['wavs']):.2e}, c=8 {max_diff(many['wavs'], ref['wavs']):.2e}"
-    )
+    prompts = [SpeechPrompt(input=text, speaker=str(SPEAKER)) for text in texts]
+    compare(model_dir, prompts, args.frames, args.dtype, RATE, ref, (0.25, 3))
 
 
 if __name__ == "__main__":

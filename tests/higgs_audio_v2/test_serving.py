@@ -1,7 +1,8 @@
 """Higgs Audio v2 served by `omnistage serve` with its default deploy (both stages as processes, async
-chunk), through the official `openai` client: speech equal to the reference's waveform (PCM16), its SSE
-stream's deltas joined equal to the whole; a voice uploaded with its transcript speaks as the same clip given
-inline; bad fields answer 400 naming them."""
+chunk), through the official `openai` client: speech equal to the reference's waveform (PCM16), its SSE and
+raw streams, the batch and the streaming-text WebSocket the same audio; a voice uploaded with its transcript
+speaks as the same clip given inline, and still does after a restart; bad fields answer 400 naming them; a
+client that leaves mid-stream frees both stages."""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ import numpy as np
 import openai
 import pytest
 from openai import OpenAI
+from websockets.sync.client import connect
 
 from omnistage.families.higgs_audio_v2.tiny import tiny_higgs_dir
 from tests.higgs_audio_v2.reference import CLONE, PROMPTS, reference_waveform
 from tests.higgs_audio_v2.test_pipeline import wav
+from tests.support.polling import wait_until
 from tests.support.server_process import ServerProcess
 
 pytestmark = pytest.mark.engine
@@ -29,12 +32,21 @@ TEXT = PROMPTS[3][0]
 REF_TEXT, REF_CLIP = CLONE[2]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    voices, logs = tmp_path_factory.mktemp("higgs-voices"), tmp_path_factory.mktemp("higgs-server")
+def start(voices: Path, log: Path) -> ServerProcess:
     args = ["serve", str(tiny_higgs_dir()), "--num-threads", "1", "--voices-dir", str(voices)]
-    proc = ServerProcess(args, Path(logs) / "server.log", module="omnistage")
+    proc = ServerProcess(args, log, module="omnistage")
     proc.wait_healthy(timeout=300)
+    return proc
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return tmp_path_factory.mktemp("higgs-voices"), tmp_path_factory.mktemp("higgs-server")
+
+
+@pytest.fixture(scope="module")
+def server(dirs) -> Iterator[ServerProcess]:
+    proc = start(dirs[0], dirs[1] / "server.log")
     try:
         yield proc
     finally:
@@ -129,3 +141,71 @@ def test_bad_fields_are_400_naming_them(client: OpenAI, extra: dict, param: str)
     error = refused.value.body if isinstance(refused.value.body, dict) else {}
     error = error.get("error", error)
     assert refused.value.status_code == 400 and error.get("param") == param, error
+
+
+def test_raw_stream_batch_and_websocket_speak_the_same_audio(
+    client: OpenAI, http: httpx.Client, server
+) -> None:
+    whole = speak(client)
+    stream = client.audio.speech.with_streaming_response
+    with stream.create(model=model(), voice="default", input=TEXT, response_format="pcm",
+                       extra_body={"stage_params": GREEDY, "stream_format": "audio"}) as reply:  # fmt: skip
+        assert b"".join(reply.iter_bytes()) == whole
+    fields = {"voice": "default", "stage_params": GREEDY, "response_format": "pcm"}
+    items = [{"input": TEXT}, {"input": "  "}, {"input": TEXT, "ref_text": REF_TEXT}]
+    batch = http.post("/v1/audio/speech/batch", json={"model": model(), **fields, "items": items})
+    assert batch.status_code == 200, batch.text
+    results = batch.json()["results"]
+    assert [r["status"] for r in results] == ["success", "error", "error"]
+    assert base64.b64decode(results[0]["audio_data"]) == whole
+    assert results[1]["param"] == "input" and results[2]["param"] == "ref_text"
+    with connect(server.url.replace("http", "ws") + "/v1/audio/speech/stream", max_size=None) as ws:
+        ws.send(json.dumps({"type": "session.config", "model": model(), **fields}))
+        ws.send(json.dumps({"type": "input.text", "text": TEXT}))
+        ws.send(json.dumps({"type": "input.done"}))
+        assert json.loads(ws.recv(timeout=120))["type"] == "audio.start"
+        chunks = []
+        while isinstance(message := ws.recv(timeout=120), bytes):
+            chunks.append(message)
+        assert json.loads(message)["type"] == "audio.done"
+    assert b"".join(chunks) == whole
+
+
+def test_disconnect_mid_stream_frees_both_stages(http: httpx.Client, server) -> None:
+    """A client that leaves while the codec streams and the talker still generates: the request is aborted
+    in both stages, neither holds it afterwards, and the server serves on."""
+    from tests.speech.stages import aborted, metric, wait_idle
+
+    endless = [{"temperature": 0.0, "max_tokens": 2000, "min_tokens": 2000}, {}]
+    body = {"model": model(), "input": TEXT, "response_format": "pcm", "voice": "default"}
+    body |= {"stage_params": endless, "stream": True, "initial_codec_chunk_frames": 2}
+
+    def held(stage_name: str) -> float:
+        return metric(http, "omnistage_stage_requests", model=model(), stage_name=stage_name)
+
+    before = aborted(http, model())
+    with (
+        httpx.Client(base_url=server.url, timeout=120) as own,
+        own.stream("POST", "/v1/audio/speech", json=body) as reply,
+    ):
+        lines = reply.iter_lines()  # kept alive: dropping the iterator closes the connection
+        assert any('"speech.audio.delta"' in line for line in lines)  # the codec has spoken
+        wait_until(lambda: held("talker") == 1 and held("codec") == 1, 120, "both stages holding it")
+    wait_idle(http, model())
+    assert aborted(http, model()) == before + 1
+    assert (
+        http.post("/v1/audio/speech", json={**body, "stage_params": GREEDY, "stream": False}).status_code
+        == 200
+    )
+
+
+def test_an_uploaded_voice_survives_a_restart(client: OpenAI, server, dirs) -> None:
+    """Last: the module's server stops, and a new one on the same voices directory speaks the voice alike."""
+    before = speak(client, CLONE[0], voice="teller")
+    server.stop()
+    again = start(dirs[0], dirs[1] / "restarted.log")
+    try:
+        with OpenAI(base_url=again.url + "/v1", api_key="unused", max_retries=0) as fresh:
+            assert speak(fresh, CLONE[0], voice="teller") == before
+    finally:
+        again.stop()

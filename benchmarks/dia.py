@@ -1,0 +1,86 @@
+"""Dia serving against its reference, in one run, on a checkpoint with Dia-1.6B's widths and fewer layers
+(omnistage/families/dia/tiny.py `BENCH`: 2 encoder and 4 decoder layers; the 44.1 kHz DAC; random weights).
+
+The reference (transformers' `DiaForConditionalGeneration`) speaks each script as its users call it, one
+request at a time on every core: `DiaProcessor`, `generate`, `batch_decode`; it gives no audio before the
+whole waveform. Both sides decode greedily without classifier-free guidance (`guidance_scale=1`: omnistage
+does not serve CFG yet, issue 55; the reference's default guidance doubles its work). omnistage serves the
+same requests through `AsyncOmni` on the family's default deployment (decoder and DAC each in its own
+process, async chunk) and streams. Targets (issue 55): time to first audio ≤ 0.25x the reference's time to
+its whole waveform, audio-seconds per second at concurrency 8 ≥ 3x the reference's.
+
+    python benchmarks/dia.py [--requests 8] [--frames 129] [--dtype float32|bfloat16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.tts_against_reference import compare, run_reference  # noqa: E402
+from omnistage.families.dia.tiny import bench_dia_dir  # noqa: E402
+from omnistage.prompts import SpeechPrompt  # noqa: E402
+
+RATE = 44100
+TEXTS = [
+    "[S1] The weather is nice today. [S2] We could take a walk in the park after lunch.",
+    "[S1] Please open the door for me. [S2] My hands are full of groceries.",
+    "[S1] I would like a cup of coffee, with a little milk and no sugar.",
+    "[S2] Turn left at the next corner; the station is on your right.",
+    "[S1] Good morning, everyone. [S2] Today we will talk about the printing press.",
+    "[S1] The train to the city leaves at seven. Be sure to arrive early.",
+    "[S2] She opened the window and listened to the rain falling on the roof.",
+    "[S1] Thank you for calling. [S2] Your order has shipped and should arrive on Friday.",
+]
+
+
+def reference(model_dir: Path, frames: int, dtype: str):
+    """One request as the model card calls it (CFG off, greedy)."""
+    from transformers import DiaForConditionalGeneration, DiaProcessor
+
+    processor = DiaProcessor.from_pretrained(str(model_dir))
+    model = DiaForConditionalGeneration.from_pretrained(str(model_dir), dtype=getattr(torch, dtype)).eval()
+
+    def one(text: str) -> torch.Tensor:
+        inputs = processor(text=[text], padding=True, return_tensors="pt")
+        with torch.inference_mode():
+            out = model.generate(**inputs, max_new_tokens=frames, guidance_scale=1.0, do_sample=False)
+            return processor.batch_decode(out)[0]
+
+    return one
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=8, help="requests per side (texts cycle)")
+    parser.add_argument("--frames", type=int, default=129, help="frames per request at most (86 a second)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="both sides'")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    model_dir = bench_dia_dir(args.dtype)
+    texts = [TEXTS[i % len(TEXTS)] for i in range(args.requests)]
+    print(
+        f"Dia bench checkpoint {model_dir} (ready in {time.perf_counter() - started:.0f} s): {args.requests} "
+        f"requests of up to {args.frames} frames; {args.dtype}; {os.cpu_count()} cores; "
+        f"load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
+    torch.set_num_threads(os.cpu_count() or 1)  # the reference on every core
+    ref = run_reference(reference(model_dir, args.frames, args.dtype), texts, RATE)
+    gc.collect()
+    print(f"reference, one at a time: time to whole waveform p50 {ref['ttfa_p50']:.2f} s", flush=True)
+    compare(model_dir, [SpeechPrompt(input=t) for t in texts], args.frames, args.dtype, RATE, ref, (0.25, 3))
+
+
+if __name__ == "__main__":
+    main()

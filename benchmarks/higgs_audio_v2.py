@@ -1,0 +1,95 @@
+"""Higgs Audio v2 serving against its reference, in one run, on a checkpoint with the released widths and
+fewer layers (omnistage/families/higgs_audio_v2/tiny.py `BENCH`: 3072 wide, 4 of 28 layers, 8 codebooks of
+1026 codes; its codec; random weights).
+
+The reference (transformers' `HiggsAudioV2ForConditionalGeneration`) speaks each text as its users call it,
+one request at a time on every core: `apply_chat_template`, greedy `generate`, `processor.decode`; it gives
+no audio before the whole waveform. omnistage serves the same greedy requests through `AsyncOmni` on the
+family's default deployment (talker and codec decoder each in its own process, async chunk) and streams.
+Targets (issue 55): time to first audio ≤ 0.25x the reference's time to its whole waveform,
+audio-seconds per second at concurrency 8 ≥ 3x the reference's.
+
+    python benchmarks/higgs_audio_v2.py [--requests 8] [--frames 50] [--dtype float32|bfloat16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.tts_against_reference import compare, run_reference  # noqa: E402
+from omnistage.families.higgs_audio_v2.pipeline import SYSTEM  # noqa: E402
+from omnistage.families.higgs_audio_v2.tiny import bench_higgs_dir  # noqa: E402
+from omnistage.prompts import SpeechPrompt  # noqa: E402
+
+RATE = 24000
+TEXTS = [
+    "The weather is nice today. We could take a walk in the park after lunch.",
+    "Please open the door for me. My hands are full of groceries.",
+    "I would like a cup of coffee, with a little milk and no sugar.",
+    "Turn left at the next corner; the station is on your right.",
+    "Good morning, everyone. Today we will talk about the printing press.",
+    "The train to the city leaves at seven. Be sure to arrive early.",
+    "She opened the window and listened to the rain falling on the roof.",
+    "Thank you for calling. Your order has shipped and should arrive on Friday.",
+]
+
+
+def reference(model_dir: Path, frames: int, dtype: str):
+    """One request as the model card calls it (greedy)."""
+    from transformers import AutoProcessor, HiggsAudioV2ForConditionalGeneration
+
+    processor = AutoProcessor.from_pretrained(str(model_dir))
+    model = HiggsAudioV2ForConditionalGeneration.from_pretrained(
+        str(model_dir), dtype=getattr(torch, dtype)
+    ).eval()
+
+    def one(text: str) -> torch.Tensor:
+        messages = [
+            {"role": "system", "content": [{"type": "text", "text": SYSTEM}]},
+            {"role": "user", "content": [{"type": "text", "text": text}]},
+        ]
+        inputs = processor.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
+        )
+        with torch.inference_mode():
+            codes = model.generate(**inputs, do_sample=False, max_new_tokens=frames)
+            return torch.as_tensor(processor.decode(codes))  # no voice clip: the frames are all generated
+
+    return one
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=8, help="requests per side (texts cycle)")
+    parser.add_argument("--frames", type=int, default=50, help="frames per request at most (25 a second)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="both sides'")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    model_dir = bench_higgs_dir(args.dtype)
+    texts = [TEXTS[i % len(TEXTS)] for i in range(args.requests)]
+    print(
+        f"Higgs Audio v2 bench checkpoint {model_dir} (ready in {time.perf_counter() - started:.0f} s): "
+        f"{args.requests} requests of up to {args.frames} frames; {args.dtype}; {os.cpu_count()} cores; "
+        f"load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
+    torch.set_num_threads(os.cpu_count() or 1)  # the reference on every core
+    ref = run_reference(reference(model_dir, args.frames, args.dtype), texts, RATE)
+    gc.collect()
+    print(f"reference, one at a time: time to whole waveform p50 {ref['ttfa_p50']:.2f} s", flush=True)
+    compare(model_dir, [SpeechPrompt(input=t) for t in texts], args.frames, args.dtype, RATE, ref, (0.25, 3))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""What the codec-TTS benchmarks share (benchmarks/csm.py, dia.py, higgs_audio_v2.py): omnistage serving a
+family's greedy requests through `AsyncOmni` on its default deployment, streamed (time to first audio, RTF,
+audio-seconds per second at a concurrency), and the table and ratios against the family's reference run
+one request at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omnistage import AsyncOmni, SamplingParams
+
+
+async def run_omnistage(
+    model_dir: Path,
+    prompts: list[Any],
+    frames: int,
+    concurrency: int,
+    dtype: str,
+    rate: int,
+    async_chunk: bool = True,
+) -> dict:
+    """`prompts` as the family's speech prompts; greedy, `frames` frames at most."""
+    overrides = {
+        "0": {"max_num_seqs": max(concurrency, 1), "dtype": dtype},
+        "1": {"async_chunk": async_chunk, "dtype": dtype},
+    }
+    omni = AsyncOmni(str(model_dir), stage_overrides=overrides)
+    params = [SamplingParams(temperature=0.0, max_tokens=frames), None]
+
+    async def one(prompt: Any) -> tuple[float, float, torch.Tensor]:
+        began, first = time.perf_counter(), None
+        async for out in omni.generate(prompt, params):
+            if first is None and out.delta_audio is not None and out.delta_audio.numel():
+                first = time.perf_counter() - began
+            if out.finished:
+                if out.error is not None:
+                    raise RuntimeError(out.error)
+                return first, time.perf_counter() - began, out.audio.reshape(-1)
+        raise RuntimeError("no terminal output")
+
+    try:
+        await one(prompts[0])  # warm-up
+        slots = asyncio.Semaphore(concurrency)
+
+        async def in_a_slot(prompt: Any) -> tuple[float, float, torch.Tensor]:
+            async with slots:
+                return await one(prompt)
+
+        started = time.perf_counter()
+        results = await asyncio.gather(*(in_a_slot(p) for p in prompts))
+        wall = time.perf_counter() - started
+    finally:
+        await omni.shutdown()
+    audio = [len(r[2]) / rate for r in results]
+    return {
+        "ttfa_p50": statistics.median(r[0] for r in results),
+        "rtf_p50": statistics.median(r[1] / a for r, a in zip(results, audio, strict=True)),
+        "audio_per_s": sum(audio) / wall,
+        "wavs": [r[2] for r in results],
+    }
+
+
+def run_reference(one: Callable[[Any], torch.Tensor], prompts: list[Any], rate: int) -> dict:
+    """`one(prompt)` → the whole waveform, one request at a time (its first audio is its whole waveform)."""
+
+    def timed(prompt: Any) -> tuple[float, torch.Tensor]:
+        began = time.perf_counter()
+        wave = one(prompt)
+        return time.perf_counter() - began, wave.float().reshape(-1)
+
+    timed(prompts[0])  # warm-up
+    started = time.perf_counter()
+    results = [timed(p) for p in prompts]
+    wall = time.perf_counter() - started
+    audio = [len(r[1]) / rate for r in results]
+    return {
+        "ttfa_p50": statistics.median(r[0] for r in results),
+        "rtf_p50": statistics.median(r[0] / a for r, a in zip(results, audio, strict=True)),
+        "audio_per_s": sum(audio) / wall,
+        "wavs": [r[1] for r in results],
+    }
+
+
+def max_diff(waves: list[torch.Tensor], others: list[torch.Tensor]) -> float:
+    if any(len(a) != len(b) for a, b in zip(waves, others, strict=True)):
+        return float("inf")
+    return max(float((a.float() - b.float()).abs().max()) for a, b in zip(waves, others, strict=True))
+
+
+def compare(
+    model_dir: Path, prompts: list[Any], frames: int, dtype: str, rate: int, ref: dict, targets: tuple
+) -> None:
+    """omnistage at c=1, c=8 and c=8 in full handoff against `ref`; prints the table and the ratios against
+    `targets` (time to first audio at most, audio-seconds per second at least)."""
+    solo = asyncio.run(run_omnistage(model_dir, prompts, frames, 1, dtype, rate))
+    print(f"omnistage c=1: time to first audio p50 {solo['ttfa_p50']:.3f} s", flush=True)
+    many = asyncio.run(run_omnistage(model_dir, prompts, frames, 8, dtype, rate))
+    whole = asyncio.run(run_omnistage(model_dir, prompts, frames, 8, dtype, rate, async_chunk=False))
+    rows = [
+        ("reference, one at a time", ref),
+        ("omnistage, concurrency 1", solo),
+        ("omnistage, concurrency 8", many),
+        ("omnistage, c=8, full handoff", whole),
+    ]
+    print(f"\n{'':28} {'TTFA p50 s':>11} {'RTF p50':>8} {'audio-s/s':>10}")
+    for name, row in rows:
+        print(f"{name:28} {row['ttfa_p50']:11.3f} {row['rtf_p50']:8.3f} {row['audio_per_s']:10.3f}")
+    print(
+        f"\ntime to first audio, c=1 / reference's whole waveform: {solo['ttfa_p50'] / ref['ttfa_p50']:.3f}x "
+        f"(target <= {targets[0]}x)\naudio-seconds per second, c=8 / reference: "
+        f"{many['audio_per_s'] / ref['audio_per_s']:.2f}x (target >= {targets[1]}x); full handoff "
+        f"{whole['audio_per_s'] / ref['audio_per_s']:.2f}x\n"
+        f"waveform max |omnistage - reference|: full handoff {max_diff(whole['wavs'], ref['wavs']):.2e}; "
+        f"async chunk c=1 {max_diff(solo['wavs'], ref['wavs']):.2e}, "
+        f"c=8 {max_diff(many['wavs'], ref['wavs']):.2e}"
+    )
