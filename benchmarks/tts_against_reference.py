@@ -25,12 +25,16 @@ async def run_omnistage(
     dtype: str,
     rate: int,
     async_chunk: bool = True,
+    extra: dict | None = None,
 ) -> dict:
-    """`prompts` as the family's speech prompts; greedy, `frames` frames at most."""
+    """`prompts` as the family's speech prompts; greedy, `frames` frames at most. `extra`: more stage
+    overrides, by stage id (a deployment to try)."""
     overrides = {
         "0": {"max_num_seqs": max(concurrency, 1), "dtype": dtype},
         "1": {"async_chunk": async_chunk, "dtype": dtype},
     }
+    for stage, more in (extra or {}).items():
+        overrides[stage] = {**overrides.get(stage, {}), **more}
     omni = AsyncOmni(str(model_dir), stage_overrides=overrides)
     params = [SamplingParams(temperature=0.0, max_tokens=frames), None]
 
