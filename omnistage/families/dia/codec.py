@@ -19,14 +19,14 @@ import json
 import math
 from collections.abc import Generator as Steps
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
+from omnistage.families.shared.codec_stage import CodecArgs, codec_engine
 from omnistage.stages.ar.loader import resolve_dtype
 from omnistage.stages.base import EngineContext
-from omnistage.stages.engine_args import EngineArgs
 from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine, one_unit
 
 
@@ -112,20 +112,11 @@ class DiaCodecGenerator:
         return out
 
 
-class DiaCodecArgs(EngineArgs):
-    """The codec stage's engine_args: `chunk_frames` a chunk, `first_chunk_frames` the first one (its audio
-    waits for fewer frames), `context_frames` each chunk's context ("exact": `context_frames(codec)`, left
-    and right, the one-pass samples; a number: that many frames each side)."""
-
-    chunk_frames: int = 25
-    first_chunk_frames: int | None = None
-    context_frames: int | Literal["exact"] = "exact"
-    max_chunk_frames: int = 300
-
-
 def create_engine(ctx: EngineContext) -> GenerationEngine:
-    """DAC's decoder on the generation engine; `async_chunk: false` decodes each request in one pass,
-    exactly as the reference. The deployment's `dtype` ("auto": the checkpoint's) is the codec's."""
+    """DAC's decoder on the generation engine, sized by `CodecArgs` (shared/codec_stage.py): DAC is not
+    causal, so every chunk is decoded behind and ahead of its exact context (`context_frames`), and
+    `async_chunk: false` decodes each request in one pass, exactly as the reference. The deployment's
+    `dtype` ("auto": the checkpoint's) is the codec's."""
     from transformers import DiaConfig
 
     dtype = resolve_dtype(ctx.deploy.dtype, ctx.model_dir, ctx.device)
@@ -134,19 +125,8 @@ def create_engine(ctx: EngineContext) -> GenerationEngine:
     dec = config.decoder_config
     special = {"bos": dec.bos_token_id, "eos": dec.eos_token_id, "pad": dec.pad_token_id}
     generator = DiaCodecGenerator(codec, list(config.delay_pattern), special)
-    if ctx.deploy.async_chunk is False:
-        return GenerationEngine(generator, max_num_seqs=ctx.deploy.max_num_seqs)
-    args = DiaCodecArgs.of(ctx.engine_args)
-    left, right = context_frames(codec) if args.context_frames == "exact" else (int(args.context_frames),) * 2
-    return GenerationEngine(
-        generator,
-        max_num_seqs=ctx.deploy.max_num_seqs,
-        chunk_size=args.chunk_frames,
-        max_chunk_size=args.max_chunk_frames,
-        first_chunk_size=args.first_chunk_frames or args.chunk_frames,
-        left_context=left,
-        right_context=right,
-    )
+    left, right = context_frames(codec)
+    return codec_engine(ctx, generator, left, look_ahead=right)
 
 
-create_engine.args_type = DiaCodecArgs
+create_engine.args_type = CodecArgs

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from omnistage.families.shared.codec_stage import CodecArgs
+from omnistage.families.shared.codec_stage import CodecArgs, codec_engine
 from omnistage.stages.ar.loader import resolve_dtype
 from omnistage.stages.base import EngineContext
 from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine, one_unit
@@ -109,32 +109,14 @@ def create_engine(ctx: EngineContext) -> GenerationEngine:
     `dtype` ("auto": the checkpoint's) is the codec's."""
     from transformers import HiggsAudioV2Config
 
-    args = CodecArgs.of(ctx.engine_args)
     dtype = resolve_dtype(ctx.deploy.dtype, ctx.model_dir, ctx.device)
     codec = load_codec(ctx.model_dir, dtype, ctx.device)
     generator = HiggsCodecGenerator(codec)
     # the processors cut the talker's frames at its stream BOS/EOS frames (pipeline.py)
     config = HiggsAudioV2Config.from_pretrained(ctx.model_dir)
     generator.stream_ids = (int(config.audio_stream_bos_id), int(config.audio_stream_eos_id))
-    if ctx.deploy.async_chunk is False:
-        return GenerationEngine(generator, max_num_seqs=ctx.deploy.max_num_seqs)
     left, right = context_frames(codec)
-    asked = args.left_context_frames
-    if asked == "stream":
-        raise ValueError("left_context_frames: 'stream' needs a causal codec; Higgs's decoder is not")
-    left = left if asked in (None, "exact") else int(asked)
-    first = args.chunk_frames if args.first_chunk_frames is None else args.first_chunk_frames
-    sizes = sorted(int(n) for n in first) if isinstance(first, list | tuple) else None
-    return GenerationEngine(
-        generator,
-        max_num_seqs=ctx.deploy.max_num_seqs,
-        chunk_size=args.chunk_frames,
-        max_chunk_size=args.max_chunk_frames,
-        first_chunk_size=sizes[0] if sizes else int(first),
-        first_chunk_sizes=sizes,
-        left_context=left,
-        right_context=right,
-    )
+    return codec_engine(ctx, generator, left, look_ahead=right)
 
 
 create_engine.args_type = CodecArgs
