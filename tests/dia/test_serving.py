@@ -21,7 +21,7 @@ from websockets.sync.client import connect
 
 from omnistage.families.dia.tiny import tiny_dia_dir
 from tests.dia.reference import clip
-from tests.support.polling import wait_until
+from tests.support import speech_family
 from tests.support.server_process import ServerProcess
 
 pytestmark = pytest.mark.engine
@@ -32,10 +32,7 @@ REF_TEXT = "[S1] Once upon a time."
 
 
 def start(voices: Path, log: Path) -> ServerProcess:
-    args = ["serve", str(tiny_dia_dir()), "--num-threads", "1", "--voices-dir", str(voices)]
-    proc = ServerProcess(args, log, module="omnistage")
-    proc.wait_healthy(timeout=300)
-    return proc
+    return speech_family.start(tiny_dia_dir(), voices, log)
 
 
 @pytest.fixture(scope="module")
@@ -159,33 +156,16 @@ def test_an_uploaded_voice_is_continued_as_its_clip(client: OpenAI, http: httpx.
 def test_bad_fields_are_400_naming_them(client: OpenAI, extra: dict, param: str) -> None:
     with pytest.raises(openai.BadRequestError) as refused:
         speak(client, **extra)
-    error = refused.value.body if isinstance(refused.value.body, dict) else {}
-    error = error.get("error", error)
-    assert refused.value.status_code == 400 and error.get("param") == param, error
+    assert refused.value.status_code == 400 and speech_family.refused_param(refused.value) == param
 
 
 def test_disconnect_mid_stream_frees_both_stages(http: httpx.Client, server) -> None:
     """A client that leaves while the codec streams and the decoder still generates: the request is aborted
     in both stages, neither holds it afterwards, and the server serves on."""
-    from tests.speech.stages import aborted, metric, wait_idle
-
     endless = [{"temperature": 0.0, "max_tokens": 3000, "min_tokens": 3000}, {}]
     body = {"model": model(), "input": TEXT, "response_format": "pcm", "voice": "default"}
     body |= {"stage_params": endless, "stream": True}
-
-    def held(stage_name: str) -> float:
-        return metric(http, "omnistage_stage_requests", model=model(), stage_name=stage_name)
-
-    before = aborted(http, model())
-    with (
-        httpx.Client(base_url=server.url, timeout=120) as own,
-        own.stream("POST", "/v1/audio/speech", json=body) as reply,
-    ):
-        lines = reply.iter_lines()  # kept alive: dropping the iterator closes the connection
-        assert any('"speech.audio.delta"' in line for line in lines)  # the codec has spoken
-        wait_until(lambda: held("decoder") == 1 and held("codec") == 1, 120, "both stages holding it")
-    wait_idle(http, model())
-    assert aborted(http, model()) == before + 1
+    speech_family.leave_mid_stream(http, server, model(), body, ("decoder", "codec"))
     assert (
         http.post("/v1/audio/speech", json={**body, "stage_params": GREEDY, "stream": False}).status_code
         == 200

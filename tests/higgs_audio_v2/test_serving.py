@@ -21,7 +21,7 @@ from websockets.sync.client import connect
 from omnistage.families.higgs_audio_v2.tiny import tiny_higgs_dir
 from tests.higgs_audio_v2.reference import CLONE, PROMPTS, reference_waveform
 from tests.higgs_audio_v2.test_pipeline import wav
-from tests.support.polling import wait_until
+from tests.support import speech_family
 from tests.support.server_process import ServerProcess
 
 pytestmark = pytest.mark.engine
@@ -33,10 +33,7 @@ REF_TEXT, REF_CLIP = CLONE[2]
 
 
 def start(voices: Path, log: Path) -> ServerProcess:
-    args = ["serve", str(tiny_higgs_dir()), "--num-threads", "1", "--voices-dir", str(voices)]
-    proc = ServerProcess(args, log, module="omnistage")
-    proc.wait_healthy(timeout=300)
-    return proc
+    return speech_family.start(tiny_higgs_dir(), voices, log)
 
 
 @pytest.fixture(scope="module")
@@ -138,9 +135,7 @@ def test_an_uploaded_voice_speaks_as_its_clip_inline(client: OpenAI, http: httpx
 def test_bad_fields_are_400_naming_them(client: OpenAI, extra: dict, param: str) -> None:
     with pytest.raises(openai.BadRequestError) as refused:
         speak(client, **extra)
-    error = refused.value.body if isinstance(refused.value.body, dict) else {}
-    error = error.get("error", error)
-    assert refused.value.status_code == 400 and error.get("param") == param, error
+    assert refused.value.status_code == 400 and speech_family.refused_param(refused.value) == param
 
 
 def test_raw_stream_batch_and_websocket_speak_the_same_audio(
@@ -174,25 +169,10 @@ def test_raw_stream_batch_and_websocket_speak_the_same_audio(
 def test_disconnect_mid_stream_frees_both_stages(http: httpx.Client, server) -> None:
     """A client that leaves while the codec streams and the talker still generates: the request is aborted
     in both stages, neither holds it afterwards, and the server serves on."""
-    from tests.speech.stages import aborted, metric, wait_idle
-
     endless = [{"temperature": 0.0, "max_tokens": 2000, "min_tokens": 2000}, {}]
     body = {"model": model(), "input": TEXT, "response_format": "pcm", "voice": "default"}
     body |= {"stage_params": endless, "stream": True, "initial_codec_chunk_frames": 2}
-
-    def held(stage_name: str) -> float:
-        return metric(http, "omnistage_stage_requests", model=model(), stage_name=stage_name)
-
-    before = aborted(http, model())
-    with (
-        httpx.Client(base_url=server.url, timeout=120) as own,
-        own.stream("POST", "/v1/audio/speech", json=body) as reply,
-    ):
-        lines = reply.iter_lines()  # kept alive: dropping the iterator closes the connection
-        assert any('"speech.audio.delta"' in line for line in lines)  # the codec has spoken
-        wait_until(lambda: held("talker") == 1 and held("codec") == 1, 120, "both stages holding it")
-    wait_idle(http, model())
-    assert aborted(http, model()) == before + 1
+    speech_family.leave_mid_stream(http, server, model(), body, ("talker", "codec"))
     assert (
         http.post("/v1/audio/speech", json={**body, "stage_params": GREEDY, "stream": False}).status_code
         == 200

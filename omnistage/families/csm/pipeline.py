@@ -25,8 +25,8 @@ import torch
 from omnistage.config.capabilities import Capabilities, SpeechOption
 from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
 from omnistage.errors import InvalidRequestError
+from omnistage.families.shared.speech_fields import speech_fields
 from omnistage.outputs import StageOutput, TokenCounts
-from omnistage.prompts import SpeechPrompt, prompt_text
 from omnistage.stages.ar.ar_inputs import ARInputs
 from omnistage.stages.base import StageInputContext, StageRequest
 from omnistage.stages.generation.engine import stream_frames
@@ -71,20 +71,6 @@ SPEECH_OPTIONS = (
 # The reference generate's defaults (csm-1b's generation_config: sampled, temperature 0.9, top-k 50); its
 # only stops are the all-EOS frame and the length.
 BACKBONE_DEFAULTS = {"temperature": 0.9, "top_k": 50, "max_tokens": 2048}
-
-
-def speech_fields(prompt: Any) -> dict[str, Any]:
-    """A speech prompt's fields and options as one mapping; a plain text prompt is the input alone."""
-    if not isinstance(prompt, SpeechPrompt):
-        return {"input": prompt_text(prompt)}
-    voice = prompt.uploaded_voice
-    fields = {
-        "input": prompt.input,
-        "speaker": prompt.speaker,
-        "instructions": prompt.instructions,
-        "uploaded_voice": msgspec.structs.asdict(voice) if voice is not None else None,
-    }
-    return {**{k: v for k, v in fields.items() if v is not None}, **prompt.options}
 
 
 def _speaker(fields: dict[str, Any]) -> int:

@@ -23,8 +23,8 @@ import torch
 from omnistage.config.capabilities import Capabilities, SpeechOption
 from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
 from omnistage.errors import InvalidRequestError
+from omnistage.families.shared.speech_fields import speech_fields
 from omnistage.outputs import StageOutput, TokenCounts
-from omnistage.prompts import SpeechPrompt, prompt_text
 from omnistage.stages.base import StageInputContext, StageRequest
 from omnistage.stages.generation.engine import stream_frames
 from omnistage.stages.generation.generation_inputs import GenerationInputs
@@ -51,19 +51,6 @@ SPEECH_OPTIONS = (
 # The released generation_config's sampling (temperature 1.0, top-k 50, top-p 0.95); its stops are the
 # all-EOS frame and the length.
 TALKER_DEFAULTS = {"temperature": 1.0, "top_k": 50, "top_p": 0.95, "max_tokens": 2048}
-
-
-def speech_fields(prompt: Any) -> dict[str, Any]:
-    """A speech prompt's fields and options as one mapping; a plain text prompt is the input alone."""
-    if not isinstance(prompt, SpeechPrompt):
-        return {"input": prompt_text(prompt)}
-    voice = prompt.uploaded_voice
-    fields = {
-        "input": prompt.input,
-        "instructions": prompt.instructions,
-        "uploaded_voice": msgspec.structs.asdict(voice) if voice is not None else None,
-    }
-    return {**{k: v for k, v in fields.items() if v is not None}, **prompt.options}
 
 
 def conversation(text: str, system: str, scene: str | None, voice: tuple[str, np.ndarray] | None) -> list:

@@ -24,8 +24,8 @@ import torch
 from omnistage.config.capabilities import Capabilities, SpeechOption
 from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
 from omnistage.errors import InvalidRequestError
+from omnistage.families.shared.speech_fields import speech_fields
 from omnistage.outputs import StageOutput, TokenCounts
-from omnistage.prompts import SpeechPrompt, prompt_text
 from omnistage.stages.base import StageInputContext, StageRequest
 from omnistage.stages.generation.engine import stream_frames
 from omnistage.stages.generation.generation_inputs import GenerationInputs
@@ -136,22 +136,6 @@ def speech_input(ctx: StageInputContext) -> StageRequest:
     audio_tokens = len(ref_codes) if ref_codes is not None else 0  # the clip's frames, in context
     counts = TokenCounts(input_text_tokens=text_tokens, input_audio_tokens=audio_tokens)
     return StageRequest(ctx.request_id, prompt=ids, params=ctx.params, inputs=inputs, token_counts=counts)
-
-
-def speech_fields(prompt: Any) -> dict[str, Any]:
-    """A speech prompt's fields and this family's options (SPEECH_OPTIONS, by name), as one mapping; a plain
-    text prompt (the Python API's) is the input alone."""
-    if not isinstance(prompt, SpeechPrompt):
-        return {"input": prompt_text(prompt)}
-    voice = prompt.uploaded_voice
-    fields = {
-        "input": prompt.input,
-        "speaker": prompt.speaker,
-        "instructions": prompt.instructions,
-        "language": prompt.language,
-        "uploaded_voice": msgspec.structs.asdict(voice) if voice is not None else None,
-    }
-    return {**{k: v for k, v in fields.items() if v is not None}, **prompt.options}
 
 
 def _subtalker(loaded: object, params: object) -> dict[str, Any] | None:
