@@ -3,8 +3,8 @@
 
 The reference (transformers' `DiaForConditionalGeneration`) speaks each script as its users call it, one
 request at a time on every core: `DiaProcessor`, `generate`, `batch_decode`; it gives no audio before the
-whole waveform. Both sides decode greedily without classifier-free guidance (`guidance_scale=1`: omnistage
-does not serve CFG yet, issue 55; the reference's default guidance doubles its work). omnistage serves the
+whole waveform. Both sides decode greedily with the checkpoint's classifier-free guidance (scale 3.0, its
+top-k 45: a request's decoder beside its unconditional twin, twice the decoder rows). omnistage serves the
 same requests through `AsyncOmni` on the family's default deployment (decoder and DAC each in its own
 process, async chunk) and streams. Targets (issue 55): time to first audio ≤ 0.25x the reference's time to
 its whole waveform, audio-seconds per second at concurrency 8 ≥ 3x the reference's.
@@ -43,7 +43,7 @@ TEXTS = [
 
 
 def reference(model_dir: Path, frames: int, dtype: str):
-    """One request as the model card calls it (CFG off, greedy)."""
+    """One request as the model card calls it (the checkpoint's guidance), greedy."""
     from transformers import DiaForConditionalGeneration, DiaProcessor
 
     processor = DiaProcessor.from_pretrained(str(model_dir))
@@ -52,7 +52,8 @@ def reference(model_dir: Path, frames: int, dtype: str):
     def one(text: str) -> torch.Tensor:
         inputs = processor(text=[text], padding=True, return_tensors="pt")
         with torch.inference_mode():
-            out = model.generate(**inputs, max_new_tokens=frames, guidance_scale=1.0, do_sample=False)
+            out = model.generate(**inputs, max_new_tokens=frames, do_sample=False)
+            assert model._uses_cfg
             return processor.batch_decode(out)[0]
 
     return one
@@ -79,7 +80,9 @@ def main() -> None:
     ref = run_reference(reference(model_dir, args.frames, args.dtype), texts, RATE)
     gc.collect()
     print(f"reference, one at a time: time to whole waveform p50 {ref['ttfa_p50']:.2f} s", flush=True)
-    compare(model_dir, [SpeechPrompt(input=t) for t in texts], args.frames, args.dtype, RATE, ref, (0.25, 3))
+    prompts = [SpeechPrompt(input=t) for t in texts]
+    # the guidance's top-k is the request's: the checkpoint's, as the reference reads it
+    compare(model_dir, prompts, args.frames, args.dtype, RATE, ref, (0.25, 3), sampling={"top_k": 45})
 
 
 if __name__ == "__main__":

@@ -26,9 +26,10 @@ async def run_omnistage(
     rate: int,
     async_chunk: bool = True,
     extra: dict | None = None,
+    sampling: dict | None = None,
 ) -> dict:
     """`prompts` as the family's speech prompts; greedy, `frames` frames at most. `extra`: more stage
-    overrides, by stage id (a deployment to try)."""
+    overrides, by stage id (a deployment to try); `sampling`: more of stage 0's SamplingParams."""
     overrides = {
         "0": {"max_num_seqs": max(concurrency, 1), "dtype": dtype},
         "1": {"async_chunk": async_chunk, "dtype": dtype},
@@ -36,7 +37,7 @@ async def run_omnistage(
     for stage, more in (extra or {}).items():
         overrides[stage] = {**overrides.get(stage, {}), **more}
     omni = AsyncOmni(str(model_dir), stage_overrides=overrides)
-    params = [SamplingParams(temperature=0.0, max_tokens=frames), None]
+    params = [SamplingParams(temperature=0.0, max_tokens=frames, **(sampling or {})), None]
 
     async def one(prompt: Any) -> tuple[float, float, torch.Tensor]:
         began, first = time.perf_counter(), None
@@ -99,14 +100,23 @@ def max_diff(waves: list[torch.Tensor], others: list[torch.Tensor]) -> float:
 
 
 def compare(
-    model_dir: Path, prompts: list[Any], frames: int, dtype: str, rate: int, ref: dict, targets: tuple
+    model_dir: Path,
+    prompts: list[Any],
+    frames: int,
+    dtype: str,
+    rate: int,
+    ref: dict,
+    targets: tuple,
+    sampling: dict | None = None,
 ) -> None:
     """omnistage at c=1, c=8 and c=8 in full handoff against `ref`; prints the table and the ratios against
-    `targets` (time to first audio at most, audio-seconds per second at least)."""
-    solo = asyncio.run(run_omnistage(model_dir, prompts, frames, 1, dtype, rate))
+    `targets` (time to first audio at most, audio-seconds per second at least). `sampling`: more of stage
+    0's SamplingParams (greedy otherwise)."""
+    kw = {"sampling": sampling}
+    solo = asyncio.run(run_omnistage(model_dir, prompts, frames, 1, dtype, rate, **kw))
     print(f"omnistage c=1: time to first audio p50 {solo['ttfa_p50']:.3f} s", flush=True)
-    many = asyncio.run(run_omnistage(model_dir, prompts, frames, 8, dtype, rate))
-    whole = asyncio.run(run_omnistage(model_dir, prompts, frames, 8, dtype, rate, async_chunk=False))
+    many = asyncio.run(run_omnistage(model_dir, prompts, frames, 8, dtype, rate, **kw))
+    whole = asyncio.run(run_omnistage(model_dir, prompts, frames, 8, dtype, rate, async_chunk=False, **kw))
     rows = [
         ("reference, one at a time", ref),
         ("omnistage, concurrency 1", solo),

@@ -1,5 +1,6 @@
 """The Dia reference, transformers' own `DiaProcessor` → `DiaForConditionalGeneration.generate`, called as its
-users call it (with classifier-free guidance off: `guidance_scale=1`), and the prompts the Dia tests share."""
+users call it (the checkpoint's generation config: classifier-free guidance 3.0 with its top-k 45; greedy
+where a test says so), and the prompts the Dia tests share."""
 
 from __future__ import annotations
 
@@ -12,6 +13,11 @@ import torch
 from omnistage.families.dia.tiny import TINY, tiny_dia_dir
 
 MAX_NEW = 40  # frames: prompts 0, 2, 3 end on their own (EOS), 1 at the limit
+TOP_K = 45  # the checkpoint's (Dia-1.6B's): also the guidance's top-k when greedy
+# The guidance's top-k the greedy tests decode with: guidance keeps the conditional logits within the guided
+# logits' top k, and on the tiny 68-id vocabulary the checkpoint's 45 never excludes the conditional argmax
+# (greedy frames with and without guidance are the same); 2 lets the guidance decide frames.
+GUIDED_TOP_K = 2
 DECODER = TINY["decoder_config"]
 # The processor's defaults are Dia-1.6B's (9 channels, ids 1024..1026): the tiny checkpoint's are passed.
 AUDIO_KWARGS = {
@@ -48,15 +54,24 @@ def reference_inputs(text: str | list[str], audio: Any = None) -> dict:
     return processor(text=text, audio=audio, padding=True, return_tensors="pt", **AUDIO_KWARGS)
 
 
-def reference_codes(text: str, audio: Any = None, max_new: int = MAX_NEW) -> torch.Tensor:
-    """The reference's greedy output [T, C] (the delayed frames, the decoder prefix first), classifier-free
-    guidance off; asserts `generate` took its no-CFG path (one row a request, no unconditioned twin)."""
+def reference_codes(
+    text: str,
+    audio: Any = None,
+    max_new: int = MAX_NEW,
+    guidance_scale: float | None = None,
+    top_k: int = GUIDED_TOP_K,
+) -> torch.Tensor:
+    """The reference's greedy output [T, C] (the delayed frames, the decoder prefix first), with the
+    checkpoint's classifier-free guidance (`guidance_scale` None: 3.0) or the one given (1: off), and the
+    guidance's top-k; asserts `generate` took the path asked (an unconditioned twin a request, or none)."""
     model, _ = reference_model()
+    scale = {} if guidance_scale is None else {"guidance_scale": guidance_scale}
     with torch.inference_mode():
         out = model.generate(
-            **reference_inputs(text, audio), max_new_tokens=max_new, guidance_scale=1.0, do_sample=False
+            **reference_inputs(text, audio), max_new_tokens=max_new, do_sample=False, top_k=top_k, **scale
         )
-    assert model._uses_cfg is False
+    assert model._uses_cfg is (guidance_scale != 1.0)
+    assert model.generation_config.guidance_scale == 3.0 and model.generation_config.top_k == TOP_K
     return out[0]
 
 

@@ -1,6 +1,6 @@
 """The dia pipeline end to end (offline API, one process, full handoff): a checkpoint directory resolves to
-the family by its architectures, and a request speaks the reference's waveform (its greedy frames with
-CFG off, `DiaProcessor.batch_decode`d) within 1e-4."""
+the family by its architectures, and a request speaks the reference's waveform (its greedy frames with the
+checkpoint's classifier-free guidance, `DiaProcessor.batch_decode`d) within 1e-4."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from omnistage import Omni
 from omnistage.families.resolve import resolve_pipeline
 from omnistage.params import SamplingParams
 from omnistage.prompts import SpeechPrompt
-from tests.dia.reference import MAX_NEW, PROMPTS, reference_audio, reference_codes
+from tests.dia.reference import GUIDED_TOP_K, MAX_NEW, PROMPTS, reference_audio, reference_codes
 
 pytestmark = pytest.mark.engine
 
@@ -24,7 +24,7 @@ def test_speech_equals_reference_waveform() -> None:
     model_dir = str(tiny_dia_dir())
     pipeline, _ = resolve_pipeline(model_dir)
     assert pipeline.name == "dia"
-    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_NEW)
+    greedy = SamplingParams(temperature=0.0, top_k=GUIDED_TOP_K, max_tokens=MAX_NEW)
     with Omni(model_dir, INLINE) as omni:
         for text in (PROMPTS[0], PROMPTS[1]):
             out = omni.generate(SpeechPrompt(input=text), [greedy, None], use_tqdm=False)[0]
@@ -87,7 +87,7 @@ def test_a_voice_clip_prompt_equals_reference_waveform() -> None:
     audio = clip(0.2, 180.0)
     data = io.BytesIO()
     soundfile.write(data, audio, 44100, format="WAV", subtype="FLOAT")
-    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_NEW)
+    greedy = SamplingParams(temperature=0.0, top_k=GUIDED_TOP_K, max_tokens=MAX_NEW)
     prompt = SpeechPrompt(input=script, options={"ref_audio": data.getvalue(), "ref_text": ref_text})
     with Omni(str(tiny_dia_dir()), INLINE) as omni:
         out = omni.generate(prompt, [greedy, None], use_tqdm=False)[0]

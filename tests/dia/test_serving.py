@@ -151,12 +151,23 @@ def test_an_uploaded_voice_is_continued_as_its_clip(client: OpenAI, http: httpx.
         ({"ref_audio": "/etc/hostname", "ref_text": REF_TEXT}, "ref_audio"),
         ({"instructions": "Speak warmly"}, "instructions"),
         ({"speaker_id": 1}, "speaker_id"),
+        ({"guidance_scale": 0.5}, "guidance_scale"),
+        ({"guidance_scale": "strong"}, "guidance_scale"),
     ],
 )
 def test_bad_fields_are_400_naming_them(client: OpenAI, extra: dict, param: str) -> None:
     with pytest.raises(openai.BadRequestError) as refused:
         speak(client, **extra)
     assert refused.value.status_code == 400 and speech_family.refused_param(refused.value) == param
+
+
+def test_guidance_scale_reaches_the_decoder(client: OpenAI) -> None:
+    """`guidance_scale` 1 turns classifier-free guidance off: other frames than the checkpoint's 3.0 (with a
+    guidance top-k small enough to decide frames on the tiny vocabulary, tests/dia/reference.py)."""
+    params = [{**GREEDY[0], "top_k": 2}, {}]
+    guided = speak(client, stage_params=params)
+    assert guided == speak(client, stage_params=params, guidance_scale=3.0)
+    assert guided != speak(client, stage_params=params, guidance_scale=1.0)
 
 
 def test_disconnect_mid_stream_frees_both_stages(http: httpx.Client, server) -> None:

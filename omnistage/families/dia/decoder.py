@@ -9,15 +9,15 @@ request's cross-attention K/V (`cross_kv`) and runs the decoder's layers packed 
 attention, SiLU-gated MLP). A decoder input is a frame's summed channel embeddings (`frame_embeds`).
 
 The post-sample hook (`dia_frame`) picks the whole frame from the decoder's logits [C, V] as the reference's
-`generate` does (its logits processors, in its order): the EOS channel filter (only channel 0 may end, and
+`generate` does (its logits processors, in its order): classifier-free guidance (the request's decoder runs
+beside a twin attending the encoder's output for an all-zero text, stages/ar/guidance.py; the logits become
+cond + scale * (cond - uncond), and where the request has a top-k, the conditional logits within the top k of
+those, as `DiaClassifierFreeGuidanceLogitsProcessor`), the EOS channel filter (only channel 0 may end, and
 only where EOS is its top logit; no channel emits the special ids above EOS), temperature (a temperature
 under 1 is clamped to 1, as `generate` does), top-k, top-p, then the delay pattern's EOS: once channel 0
 ended (or the length limit came), channel c ends `delay[c]` steps later and pads after; the delay mask
 (the processor's `decoder_input_ids`: BOS, or an audio prompt's delayed codes) overrides the first frames.
-A request ends with its last channel's EOS.
-
-The engine has no per-sequence history in `SampledStep`, so the step at which channel 0 ended is kept on
-the request's `DiaFrames` (written once, idempotently: a retried or recomputed step finds the same value).
+A request ends with its last channel's EOS (the step channel 0 ended is found in the sequence's history).
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ class DiaFrames:
     prefix_len: int
     max_new: int
     spec: dict[str, Any] | None = None
+    guidance_top_k: int | None = None  # CFG's top-k (the request's top_k, also when greedy), None: none
 
 
 class FrameEmbedding(nn.Module):
@@ -262,7 +263,24 @@ def frame_rules(model: DiaDecoderModel, delay_mask: torch.Tensor, prefix_len: in
     max_new = int(getattr(params, "max_tokens", None) or 0)
     if max_new <= 0:
         raise ValueError("Dia requests need max_tokens (the reference's max_new_tokens)")
-    return DiaFrames(delay_mask.to("cpu", torch.long), prefix_len, max_new, sampling_spec(params))
+    top_k = int(getattr(params, "top_k", 0) or 0)
+    return DiaFrames(
+        delay_mask.to("cpu", torch.long),
+        prefix_len,
+        max_new,
+        sampling_spec(params),
+        top_k if top_k > 0 else None,
+    )
+
+
+def guide_logits(cond: torch.Tensor, uncond: torch.Tensor, scale: float, top_k: int | None) -> torch.Tensor:
+    """`DiaClassifierFreeGuidanceLogitsProcessor` on one row's [C, V]: cond + scale * (cond - uncond), or with
+    a top-k, the conditional logits where the guided ones are among their top k."""
+    guided = cond + (cond - uncond) * scale
+    if top_k is None:
+        return guided
+    keep = torch.zeros_like(guided, dtype=torch.bool).scatter(-1, guided.topk(top_k, dim=-1).indices, True)
+    return cond.masked_fill(~keep, float("-inf"))
 
 
 def _eos_filter(logits: torch.Tensor, eos: int) -> torch.Tensor:
@@ -285,9 +303,15 @@ def dia_frame(model: DiaDecoderModel, step: SampledStep) -> PostSample:
     token appended (channel 0's id) and the stop (the last channel's EOS)."""
     rows, channels, vocab = len(step.steps), model.channels, model.vocab
     eos, pad = model.special["eos"], model.special["pad"]
-    logits = model.logits_dense(step.hidden.to(model.logits_dense.weight.dtype)).float()
-    logits = _eos_filter(logits.view(rows, channels, vocab), eos)
+    dense = model.logits_dense
+    logits = dense(step.hidden.to(dense.weight.dtype)).float().view(rows, channels, vocab)
     rules = [_rules(inputs) for inputs in step.inputs]
+    if step.guide_hidden is not None:
+        uncond = dense(step.guide_hidden.to(dense.weight.dtype)).float().view(rows, channels, vocab)
+        for i, (inputs, r) in enumerate(zip(step.inputs, rules, strict=True)):
+            if inputs.guidance is not None:
+                logits[i] = guide_logits(logits[i], uncond[i], float(inputs.guidance.scale), r.guidance_top_k)
+    logits = _eos_filter(logits, eos)
     specs = [r.spec for r in rules]
     if any(specs):
         pick = SeededPick(specs, step.steps, logits.device)
@@ -335,23 +359,42 @@ def delay_mask(model: DiaDecoderModel, codes: torch.Tensor | None = None) -> tor
     return DiaProcessor.apply_audio_delay(prefill, model.special["pad"], model.special["bos"], index)[0]
 
 
+def default_guidance(model: DiaDecoderModel) -> float:
+    """The checkpoint's guidance scale (Dia-1.6B's generation_config: 3.0), what its `generate` uses."""
+    return float(model.generation_config.get("guidance_scale") or 1.0)
+
+
 @torch.inference_mode()
 def decoder_prompt(
-    model: DiaDecoderModel, text: str, params: Any, codes: torch.Tensor | None = None
+    model: DiaDecoderModel,
+    text: str,
+    params: Any,
+    codes: torch.Tensor | None = None,
+    guidance_scale: float | None = None,
 ) -> tuple[list[int], Any]:
     """The decoder's prompt for `text` (after an audio prompt's DAC codes [T, C], if any): channel 0's ids of
     the prefix frames (BOS, then the prompt), and ARInputs with their frame embeddings, the text encoder's
-    output and the request's `DiaFrames`."""
+    output, the request's `DiaFrames` and, for a guidance scale other than 1 (None: the checkpoint's), the
+    unconditional twin's encoder output (the encoder on as many zero ids as the text has, as `generate`
+    makes it)."""
     from omnistage.stages.ar.ar_inputs import ARInputs
+    from omnistage.stages.ar.guidance import Guidance
 
     if int(getattr(params, "n", 1) or 1) != 1:
         raise ValueError("Dia makes one sequence a request (its generate rejects num_return_sequences > 1)")
     mask = delay_mask(model, codes)
     prefix = mask.shape[0] - int((mask[:, 0] == model.special["pad"]).sum())
+    scale = default_guidance(model) if guidance_scale is None else float(guidance_scale)
+    if scale < 1.0:
+        raise ValueError("guidance_scale: Dia's guidance takes a scale of at least 1 (1: off)")
     ids = model.text_tokenizer(text, add_special_tokens=False)["input_ids"]
+    guidance = None
+    if scale != 1.0:
+        guidance = Guidance(scale, encoder_hidden_states=model.encode_text([0] * len(ids)))
     inputs = ARInputs(
         inputs_embeds=model.frame_embeds(mask[:prefix]),
         encoder_hidden_states=model.encode_text(ids),
         extension=frame_rules(model, mask, prefix, params),
+        guidance=guidance,
     )
     return mask[:prefix, 0].tolist(), inputs

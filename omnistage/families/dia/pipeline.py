@@ -11,9 +11,10 @@ A request may continue a clip (`ref_audio` with its transcript `ref_text`, as Di
 DAC codes become the decoder's prefix, the transcript precedes the script, and only the new frames are
 spoken.
 
-Classifier-free guidance (the reference's default, guidance_scale 3) is not served: the AR engine has no
-pair of sequences scheduled together (a conditional one and one on a zeroed encoder input) whose logits
-the hook could combine. Requests decode as the reference's `generate(guidance_scale=1)`.
+Classifier-free guidance as the reference's `generate` applies it by default (the checkpoint's scale, 3.0 for
+Dia-1.6B; the request's `guidance_scale`, 1 for none): each request's decoder runs beside an unconditional
+twin attending the encoder's output for a zeroed text (stages/ar/guidance.py), and the hook combines the
+two (decoder.py).
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ SPEECH_OPTIONS = (
         "ref_audio", str, "a clip of the voice(s) to continue (the decoder's audio prompt)", media=True
     ),
     SpeechOption("ref_text", Text, "what ref_audio says, speaker-tagged ([S1] ... [S2] ...)"),
+    SpeechOption(
+        "guidance_scale",
+        Annotated[float, msgspec.Meta(ge=1.0, le=20.0)],
+        "classifier-free guidance scale (1: off; default: the checkpoint's, 3.0 for Dia-1.6B)",
+    ),
 )
 
 
@@ -103,10 +109,12 @@ def speech_input(ctx: StageInputContext) -> StageRequest:
     options = prompt.options if isinstance(prompt, SpeechPrompt) else {}
     voice = prompt.uploaded_voice if isinstance(prompt, SpeechPrompt) else None
     before, codes = _reference(ctx.resources, options, voice)
+    scale = options.get("guidance_scale")
     try:
-        ids, inputs = decoder_prompt(ctx.resources, before + text, ctx.params, codes)
+        ids, inputs = decoder_prompt(ctx.resources, before + text, ctx.params, codes, scale)
     except ValueError as exc:
-        raise InvalidRequestError(str(exc), param="max_tokens") from None
+        param = "guidance_scale" if "guidance_scale" in str(exc) else "max_tokens"
+        raise InvalidRequestError(str(exc), param=param) from None
     text_tokens = int(inputs.encoder_hidden_states.shape[0])
     counts = TokenCounts(input_text_tokens=text_tokens, input_audio_tokens=len(ids) - 1)
     return StageRequest(ctx.request_id, prompt=ids, params=ctx.params, inputs=inputs, token_counts=counts)

@@ -15,7 +15,8 @@ class ARInputs:
     is what a cross-attending decoder attends; `output_data` is copied into the request's first output's
     `data` (facts an input processor computed, for downstream stages). `extension` is the family's own
     inputs (a dataclass it owns), read by its step hooks and extra-input builders and grown by streamed
-    chunks. `input_finished` is the engine's: False while a streaming request's input still arrives."""
+    chunks. `guidance` (guidance.py): classifier-free guidance, what the request's unconditional twin sees.
+    `input_finished` is the engine's: False while a streaming request's input still arrives."""
 
     inputs_embeds: torch.Tensor | None = None
     position_ids: torch.Tensor | None = None
@@ -23,4 +24,5 @@ class ARInputs:
     encoder_hidden_states: Any = None
     output_data: dict[str, Any] = dataclasses.field(default_factory=dict)
     extension: Any = None
+    guidance: Any = None
     input_finished: bool = True

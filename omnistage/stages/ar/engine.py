@@ -11,6 +11,9 @@ step's input embeddings (post_sample.py).
 Encoder-decoder models (a loader that gives `cross_kv`) take each request's encoder output in
 `ARInputs.encoder_hidden_states`; see cross_attention.py.
 
+Classifier-free guidance (`ARInputs.guidance`): each sequence runs beside an unconditional twin, scheduled
+as one with it; see guidance.py.
+
 Hidden states out: `SamplingParams.hidden_state_layers` (transformers' `hidden_states` indices) and
 `return_hidden_states` (the last layer, index -1) put one row per computed position into
 `StageOutput.hidden_states[index]`; a request asking for them takes nothing from the prefix cache.
@@ -33,6 +36,7 @@ from omnistage.stages.ar.cpu import native
 from omnistage.stages.ar.cpu.packed_linear import pack_linears, packing_available
 from omnistage.stages.ar.cross_attention import encoder_states, project
 from omnistage.stages.ar.detokenizer import IncrementalDetokenizer, decoder_for
+from omnistage.stages.ar.guidance import guided_logits, twin_request
 from omnistage.stages.ar.inputs import InputRules, make_request
 from omnistage.stages.ar.kv_cache import BlockManager, KVStorage, bytes_per_token, plan_num_blocks
 from omnistage.stages.ar.loader import LoadedModel, check_loaded, load_causal_lm, resolve_dtype
@@ -147,7 +151,9 @@ class AREngine:
                     f"request id {rid!r} is already running on this stage", param="request_id"
                 )
             ar = make_request(request, self.rules)
-            self._check_fits(ar)
+            twin = self._twin(ar)
+            self._check_fits(ar, 1 if twin is None else 2)
+            twin_cross = self._cross_kv(ar, ar.inputs.guidance) if twin is not None else None
             cross = self._cross_kv(ar)
         except OmniError as exc:
             self._pending.append(error_output(rid, exc))
@@ -156,10 +162,12 @@ class AREngine:
             ar.inputs.input_finished = False
         self.requests[rid] = ar
         self._stalled = False
-        capacity = self.blocks.num_total_blocks * self.block_size
+        # a guided pair shares the cache with its twin: each may have half of it
+        capacity = self.blocks.num_total_blocks // (1 if twin is None else 2) * self.block_size
         limit = min(self.max_model_len, capacity) - len(ar.prompt_token_ids)
         max_tokens = min(ar.params.max_tokens or limit, limit)
-        cacheable = cacheable_tokens(ar, self.step_hook is not None or self.post_sample is not None)
+        hooked = self.step_hook is not None or self.post_sample is not None
+        cacheable = cacheable_tokens(ar, hooked)
         if cross is not None:
             cacheable = 0  # self-attention KV depends on the encoder output: never shared by prefix
         ar.logits_processors[:0] = self.model.logits_processors
@@ -177,24 +185,56 @@ class AREngine:
                 max_cacheable_tokens=cacheable,
                 cross_kv=cross[index] if cross is not None else None,
             )
+            if twin is not None:
+                seq.guide = Sequence(
+                    request=twin,
+                    index=index,
+                    token_ids=list(twin.prompt_token_ids),
+                    max_tokens=max_tokens,
+                    detokenizer=None,
+                    max_cacheable_tokens=0 if cross is not None else cacheable_tokens(twin, hooked),
+                    cross_kv=twin_cross[index] if twin_cross is not None else None,
+                    guided=seq,
+                )
             ar.sequences.append(seq)
             self.scheduler.add(seq)
 
-    def _cross_kv(self, ar: ARRequest) -> list | None:
-        """Encoder-decoder models: each sequence's cross-attention K/V, computed once, here."""
+    def _cross_kv(self, ar: ARRequest, inputs: Any = None) -> list | None:
+        """Encoder-decoder models: each sequence's cross-attention K/V, computed once, here, from the
+        request's encoder output (or `inputs`' : the guidance twin's)."""
         if self.model.cross_kv is None:
             return None
+        inputs = inputs if inputs is not None else ar.inputs
         width = self.model.encoder_hidden_size or self.rules.hidden_size
-        states = encoder_states(ar.inputs, ar.params.n, width)
-        ar.inputs.encoder_hidden_states = None  # the projections are all the decoder needs from now on
+        states = encoder_states(inputs, ar.params.n, width)
+        inputs.encoder_hidden_states = None  # the projections are all the decoder needs from now on
         return project(self.model.cross_kv, states, self.dtype, self.device)
 
-    def _check_fits(self, ar: ARRequest) -> None:
-        need = self.blocks.blocks_needed(len(ar.prompt_token_ids) + 1)
+    def _twin(self, ar: ARRequest) -> ARRequest | None:
+        """A guided request's unconditional twin (guidance.py), or None."""
+        guidance = ar.inputs.guidance
+        if guidance is None:
+            return None
+        if ar.hidden_layers:
+            raise InvalidRequestError(
+                "hidden states are not returned for a guided request", param="hidden_state_layers"
+            )
+        rules = self.rules
+        return twin_request(ar, guidance, rules.vocab_size, rules.hidden_size, self.dtype)
+
+    def _check_fits(self, ar: ARRequest, rows: int) -> None:
+        """`rows`: 2 for a guided request's sequence and its twin."""
+        need = self.blocks.blocks_needed(len(ar.prompt_token_ids) + 1) * rows
         if need > self.blocks.num_total_blocks:
             raise InvalidRequestError(
                 f"the prompt needs {need} KV blocks but the whole cache has {self.blocks.num_total_blocks}",
                 param="prompt",
+            )
+        if rows > self.scheduler.max_num_seqs:
+            raise InvalidRequestError(
+                f"a guided request runs {rows} sequences at once; this stage's max_num_seqs is "
+                f"{self.scheduler.max_num_seqs}",
+                param="guidance",
             )
 
     def _detokenizer(self, ar: ARRequest) -> IncrementalDetokenizer | None:
@@ -250,7 +290,7 @@ class AREngine:
             return outputs + self._fail(exc.seq.request, exc.cause)
         except Exception as exc:  # noqa: BLE001 - a failed step fails the requests in it, not the engine
             logger.exception("AR step failed")
-            for ar in dict.fromkeys(item.seq.request for item in batch):
+            for ar in dict.fromkeys(item.seq.request for item in batch if item.seq.guided is None):
                 if ar.request_id in self.requests:
                     outputs += self._fail(ar, exc)
             return outputs
@@ -265,7 +305,7 @@ class AREngine:
             self.blocks.commit(item.seq)
         outputs = self._sample(result.logits, result.sampling, result.sampled_hidden)
         rows = {item.seq.seq_id: (item, result.offsets[i]) for i, item in enumerate(batch)}
-        for ar in dict.fromkeys(item.seq.request for item in batch):
+        for ar in dict.fromkeys(item.seq.request for item in batch if item.seq.guided is None):
             if ar.request_id in self.requests:
                 outputs += self._request_outputs(ar, result, rows)
         return outputs
@@ -274,7 +314,13 @@ class AREngine:
         self, logits: torch.Tensor | None, sampling: list[ScheduledSeq], hidden: torch.Tensor | None
     ) -> list[StageOutput]:
         failed: list[StageOutput] = []
-        seqs = [item.seq for item in sampling]
+        seqs = [item.seq for item in sampling if item.seq.guided is None]
+        guide_hidden = None
+        if len(seqs) < len(sampling):  # guidance twins: their rows combine into their sequences'
+            rows = {item.seq.seq_id: i for i, item in enumerate(sampling)}
+            logits = guided_logits(logits, seqs, rows)
+            guide_hidden = hidden[[rows[(s.guide or s).seq_id] for s in seqs]]
+            hidden = hidden[[rows[s.seq_id] for s in seqs]]
         while seqs:
             try:
                 sample = self.sampler(logits, seqs)
@@ -283,16 +329,22 @@ class AREngine:
                 failed += self._fail(exc.seq.request, exc.cause)
                 keep = [i for i, s in enumerate(seqs) if s.request is not exc.seq.request]
                 seqs, logits, hidden = [seqs[i] for i in keep], logits[keep], hidden[keep]
+                guide_hidden = guide_hidden[keep] if guide_hidden is not None else None
         else:
             return failed
         if self.post_sample is not None:
-            return failed + self._post_sample(seqs, sample.token_ids, sample.logprobs, hidden)
+            return failed + self._post_sample(seqs, sample.token_ids, sample.logprobs, hidden, guide_hidden)
         for seq, token, logprob in zip(seqs, sample.token_ids, sample.logprobs, strict=True):
             self._append_token(seq, token, logprob)
         return failed
 
     def _post_sample(
-        self, seqs: list[Sequence], tokens: list[int], logprobs: list[Any], hidden: torch.Tensor
+        self,
+        seqs: list[Sequence],
+        tokens: list[int],
+        logprobs: list[Any],
+        hidden: torch.Tensor,
+        guide_hidden: torch.Tensor | None = None,
     ) -> list[StageOutput]:
         """Run the family's hook on the step's sampled sequences, then append their tokens with the frames
         and next embeddings it made; a sequence the hook failed fails its request."""
@@ -302,6 +354,7 @@ class AREngine:
             steps=[seq.num_output_tokens for seq in seqs],
             inputs=[seq.request.inputs for seq in seqs],
             histories=[seq.token_ids[len(seq.request.prompt_token_ids) :] for seq in seqs],
+            guide_hidden=guide_hidden,
         )
         embed = (self.rules.hidden_size, self.dtype, self.device)
         failed: list[StageOutput] = []
@@ -317,6 +370,8 @@ class AREngine:
             if frame is not None:
                 seq.pending_codes.append(frame)
             seq.fed_embeds.append(next_embed)
+            if seq.guide is not None:
+                seq.guide.fed_embeds.append(next_embed)
             self._append_token(seq, token, logprob, stop)
         return failed
 
@@ -325,6 +380,8 @@ class AREngine:
     ) -> None:
         """`stop`: a post-sample hook ended the sequence with this token's frame (as an EOS would)."""
         seq.token_ids.append(token)
+        if seq.guide is not None:
+            seq.guide.token_ids.append(token)  # the twin is fed what its sequence is fed
         if logprob is not None:
             seq.pending_logprobs.append(logprob)
         new_text = seq.detokenizer.step(seq.token_ids) if seq.detokenizer else ""

@@ -79,9 +79,13 @@ class BlockManager:
         return hits
 
     def can_admit(self, hits: list[tuple[int, int]], num_new_tokens: int) -> bool:
+        return self.blocks_to_admit(hits, num_new_tokens) <= len(self.free)
+
+    def blocks_to_admit(self, hits: list[tuple[int, int]], num_new_tokens: int) -> int:
+        """Free blocks that admitting a sequence with cached prefix `hits` and `num_new_tokens` takes."""
         fresh = self.blocks_needed(len(hits) * self.block_size + num_new_tokens) - len(hits)
         revived = sum(1 for block_id, _ in hits if self.blocks[block_id].ref_count == 0)
-        return fresh + revived <= len(self.free)
+        return fresh + revived
 
     def admit(self, seq: Sequence, hits: list[tuple[int, int]]) -> None:
         """Give `seq` its cached prefix blocks; the caller then `append`s blocks for the new tokens."""
@@ -100,8 +104,10 @@ class BlockManager:
 
     # ---- growth ----------------------------------------------------------------------------------------
     def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
-        needed = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
-        return needed <= len(self.free)
+        return self.blocks_to_append(seq, num_new_tokens) <= len(self.free)
+
+    def blocks_to_append(self, seq: Sequence, num_new_tokens: int) -> int:
+        return max(0, self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table))
 
     def append(self, seq: Sequence, num_new_tokens: int) -> None:
         needed = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)

@@ -39,6 +39,9 @@ class SampledStep:
     # each sequence's generated tokens before this one (the tokens the hook chose, where it chose them):
     # what a hook whose rules depend on the sequence's past reads, staying a pure function of its arguments
     histories: list[list[int]] = dataclasses.field(default_factory=list)
+    # Classifier-free guidance (guidance.py), in a step where some sequence is guided: [S, H] each row's
+    # unconditional twin's hidden state (an unguided row's own), for the hook to combine as its family does
+    guide_hidden: torch.Tensor | None = None
 
 
 @dataclasses.dataclass
@@ -84,8 +87,14 @@ def _run(hook: PostSampleHook, model: Any, step: SampledStep, embed: EmbedSpec) 
     results: list[Row | BaseException] = []
     for i in range(len(step.steps)):
         pick = slice(i, i + 1)
+        guide = step.guide_hidden[pick] if step.guide_hidden is not None else None
         one = SampledStep(
-            step.token_ids[pick], step.hidden[pick], step.steps[pick], step.inputs[pick], step.histories[pick]
+            step.token_ids[pick],
+            step.hidden[pick],
+            step.steps[pick],
+            step.inputs[pick],
+            step.histories[pick],
+            guide,
         )
         try:
             results += _rows(hook(model, one), one, embed)

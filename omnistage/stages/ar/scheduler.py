@@ -11,6 +11,9 @@ last in that order is preempted by recompute: its blocks are freed and it waits 
 A sequence whose per-step inputs stream in (a talker fed the thinker's reply as it is written) may be
 unable to compute its next position yet: `ready(seq, position)` says whether it can, and such a sequence
 sits out the step, keeping its place and its blocks, until its input arrives.
+
+A sequence with a classifier-free-guidance twin (`Sequence.guide`, guidance.py) is held here alone: its
+twin is admitted, scheduled (same start, same number of tokens), preempted and finished with it.
 """
 
 from __future__ import annotations
@@ -83,12 +86,14 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = self._computable(
-                seq, seq.num_computed_tokens, min(seq.num_tokens - seq.num_computed_tokens, budget)
+                seq,
+                seq.num_computed_tokens,
+                min(seq.num_tokens - seq.num_computed_tokens, budget // seq.width),
             )
-            if n == 0:  # waiting for its input: it keeps its place and blocks
+            if n == 0:  # waiting for its input (or the budget left is under its pair's): it keeps its place
                 i += 1
                 continue
-            while not self.blocks.can_append(seq, n):
+            while not self._can_append(seq, n):
                 victim = self.running[-1]
                 self.preempt(victim)
                 preempted = True
@@ -96,30 +101,61 @@ class Scheduler:
                     break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # `seq` preempted itself; the next sequence now sits at index i
-            self.blocks.append(seq, n)
-            batch.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
-            budget -= n
+            batch += self._run(seq, seq.num_computed_tokens, n)
+            budget -= n * seq.width
             i += 1
         if not preempted:
             budget = self._admit(batch, budget)
         return batch
 
     def _admit(self, batch: list[ScheduledSeq], budget: int) -> int:
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        rows = self.num_running_rows
+        while self.waiting and budget > 0 and rows + self.waiting[0].width <= self.max_num_seqs:
             seq = self.waiting[0]
             hits = self.blocks.match_prefix(seq)
+            twin_hits = self.blocks.match_prefix(seq.guide) if seq.guide is not None else []
+            if seq.guide is not None:  # the pair starts from the same position
+                hits = hits[: len(twin_hits)]
+                twin_hits = twin_hits[: len(hits)]
             computed = len(hits) * self.blocks.block_size
-            n = self._computable(seq, computed, min(seq.num_tokens - computed, budget))
-            if n == 0 or not self.blocks.can_admit(hits, n):
+            n = self._computable(seq, computed, min(seq.num_tokens - computed, budget // seq.width))
+            need = self.blocks.blocks_to_admit(hits, n)
+            if seq.guide is not None:
+                need += self.blocks.blocks_to_admit(twin_hits, n)
+            if n == 0 or need > self.blocks.num_free_blocks:
                 break  # FCFS: nobody overtakes the head of the queue
             self.waiting.pop(0)
-            self.blocks.admit(seq, hits)
-            self.blocks.append(seq, n)
-            seq.status = SequenceStatus.RUNNING
+            for one, one_hits in self._pair(seq, hits, twin_hits):
+                self.blocks.admit(one, one_hits)
+                one.status = SequenceStatus.RUNNING
             bisect.insort(self.running, seq, key=self._key)
-            batch.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
-            budget -= n
+            batch += self._run(seq, computed, n)
+            budget -= n * seq.width
+            rows += seq.width
         return budget
+
+    @staticmethod
+    def _pair(seq: Sequence, hits: list, twin_hits: list) -> list[tuple[Sequence, list]]:
+        return [(seq, hits)] if seq.guide is None else [(seq, hits), (seq.guide, twin_hits)]
+
+    @property
+    def num_running_rows(self) -> int:
+        """Running sequences, twins counted (what `max_num_seqs` bounds)."""
+        return sum(seq.width for seq in self.running)
+
+    def _can_append(self, seq: Sequence, n: int) -> bool:
+        need = self.blocks.blocks_to_append(seq, n)
+        if seq.guide is not None:
+            need += self.blocks.blocks_to_append(seq.guide, n)
+        return need <= self.blocks.num_free_blocks
+
+    def _run(self, seq: Sequence, start: int, n: int) -> list[ScheduledSeq]:
+        """Give `seq` (and its twin) the blocks for `n` positions from `start`; their batch entries."""
+        out = []
+        for one in (seq,) if seq.guide is None else (seq, seq.guide):
+            self.blocks.append(one, n)
+            out.append(ScheduledSeq(one, start, n))
+        return out
 
     def _computable(self, seq: Sequence, start: int, n: int) -> int:
         """How many of the `n` positions from `start` have their inputs (all of them without a `ready`)."""
@@ -129,10 +165,12 @@ class Scheduler:
         return n
 
     def preempt(self, seq: Sequence) -> None:
-        """Free `seq`'s cache and queue it for recompute (its tokens so far are kept)."""
+        """Free `seq`'s cache (and its twin's) and queue it for recompute (its tokens so far are kept)."""
         self.running.remove(seq)
-        self.blocks.free_seq(seq)
-        seq.num_computed_tokens = 0
+        for one in (seq,) if seq.guide is None else (seq, seq.guide):
+            self.blocks.free_seq(one)
+            one.num_computed_tokens = 0
+            one.status = SequenceStatus.WAITING
         self.num_preemptions += 1
         self.add(seq)
         logger.debug("preempted sequence %d of %s", seq.seq_id, seq.request.request_id)
@@ -142,10 +180,11 @@ class Scheduler:
             self.preempt(seq)
 
     def finish(self, seq: Sequence) -> None:
-        """Drop `seq` from whichever queue holds it and release its blocks."""
+        """Drop `seq` from whichever queue holds it and release its blocks (and its twin's)."""
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
         elif seq.status is SequenceStatus.WAITING and seq in self.waiting:
             self.waiting.remove(seq)
-        self.blocks.free_seq(seq)
-        seq.status = SequenceStatus.FINISHED
+        for one in (seq,) if seq.guide is None else (seq, seq.guide):
+            self.blocks.free_seq(one)
+            one.status = SequenceStatus.FINISHED

@@ -97,6 +97,10 @@ class Sequence:
     fed_embeds: list[torch.Tensor | None] = dataclasses.field(default_factory=list)
     # Encoder-decoder models: this sequence's cross-attention K/V per layer (cross_attention.py).
     cross_kv: Any = None
+    # Classifier-free guidance (guidance.py): a guided sequence's unconditional twin, and on the twin the
+    # sequence it guides. The scheduler holds only the guided one and moves its twin with it.
+    guide: Sequence | None = None
+    guided: Sequence | None = None
     finish_reason: str | None = None
     finish_sent: bool = False
     stop_reason: str | int | None = None
@@ -148,6 +152,11 @@ class Sequence:
     @property
     def finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+    @property
+    def width(self) -> int:
+        """Rows the sequence takes in a step: 2 with its guidance twin."""
+        return 1 if self.guide is None else 2
 
     def cacheable(self, num_tokens: int) -> bool:
         return num_tokens <= self.max_cacheable_tokens
