@@ -82,7 +82,17 @@ def main() -> None:
     print(f"reference, one at a time: time to whole waveform p50 {ref['ttfa_p50']:.2f} s", flush=True)
     prompts = [SpeechPrompt(input=t) for t in texts]
     # the guidance's top-k is the request's: the checkpoint's, as the reference reads it
-    compare(model_dir, prompts, args.frames, args.dtype, RATE, ref, (0.25, 3), sampling={"top_k": 45})
+    compare(
+        model_dir,
+        prompts,
+        args.frames,
+        args.dtype,
+        RATE,
+        ref,
+        (0.25, 3),
+        sampling={"top_k": 45},
+        rows_per_request=2,
+    )
 
 
 if __name__ == "__main__":

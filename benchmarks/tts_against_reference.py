@@ -27,11 +27,13 @@ async def run_omnistage(
     async_chunk: bool = True,
     extra: dict | None = None,
     sampling: dict | None = None,
+    rows_per_request: int = 1,
 ) -> dict:
     """`prompts` as the family's speech prompts; greedy, `frames` frames at most. `extra`: more stage
-    overrides, by stage id (a deployment to try); `sampling`: more of stage 0's SamplingParams."""
+    overrides, by stage id (a deployment to try); `sampling`: more of stage 0's SamplingParams;
+    `rows_per_request`: 2 where a request decodes beside a guidance twin (max_num_seqs counts both)."""
     overrides = {
-        "0": {"max_num_seqs": max(concurrency, 1), "dtype": dtype},
+        "0": {"max_num_seqs": max(concurrency, 1) * rows_per_request, "dtype": dtype},
         "1": {"async_chunk": async_chunk, "dtype": dtype},
     }
     for stage, more in (extra or {}).items():
@@ -108,11 +110,12 @@ def compare(
     ref: dict,
     targets: tuple,
     sampling: dict | None = None,
+    rows_per_request: int = 1,
 ) -> None:
     """omnistage at c=1, c=8 and c=8 in full handoff against `ref`; prints the table and the ratios against
     `targets` (time to first audio at most, audio-seconds per second at least). `sampling`: more of stage
-    0's SamplingParams (greedy otherwise)."""
-    kw = {"sampling": sampling}
+    0's SamplingParams (greedy otherwise); `rows_per_request` as `run_omnistage`'s."""
+    kw = {"sampling": sampling, "rows_per_request": rows_per_request}
     solo = asyncio.run(run_omnistage(model_dir, prompts, frames, 1, dtype, rate, **kw))
     print(f"omnistage c=1: time to first audio p50 {solo['ttfa_p50']:.3f} s", flush=True)
     many = asyncio.run(run_omnistage(model_dir, prompts, frames, 8, dtype, rate, **kw))
