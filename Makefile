@@ -22,6 +22,10 @@ $(STAMP): pyproject.toml omnistage/stages/ar/cpu/native.py $(wildcard omnistage/
 	# codec calls (resample) work.
 	$(PY) -m pip install -q --no-deps torchaudio==2.11.1
 	rm -f $(VENV)/lib/python*/site-packages/torchaudio/lib/*.so
+	# VoxCPM2's model code (the family loads its checkpoints through it, and its tests compare against it).
+	# It declares gradio, modelscope, funasr, torchcodec, ... that running the model does not need: installed
+	# without dependencies; what it imports (einops, librosa, pydantic) is in pyproject.toml.
+	$(PY) -m pip install -q --no-deps voxcpm==2.0.3
 	# The AR engine's native kernels, compiled once into this install (serving only loads them).
 	$(PY) -m omnistage.stages.ar.cpu.native
 	touch $(STAMP)

@@ -35,6 +35,7 @@ FAMILIES = (
     "omnistage.families.csm",
     "omnistage.families.higgs_audio_v2",
     "omnistage.families.dia",
+    "omnistage.families.voxcpm2",
     "omnistage.families.whisper",
     "omnistage.families.hibari",
     "omnistage.families.wan",

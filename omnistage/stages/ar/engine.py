@@ -365,10 +365,12 @@ class AREngine:
             if isinstance(row, BaseException):
                 failed += self._fail(seq.request, row)
                 continue
-            frame, next_embed, stop, chosen = row
+            frame, next_embed, stop, chosen, payloads = row
             token = token if chosen is None else chosen
             if frame is not None:
                 seq.pending_codes.append(frame)
+            for key, value in payloads.items():
+                seq.pending_tensors.setdefault(key, []).append(value)
             seq.fed_embeds.append(next_embed)
             if seq.guide is not None:
                 seq.guide.fed_embeds.append(next_embed)
@@ -460,10 +462,15 @@ class AREngine:
             out.logprobs, seq.pending_logprobs = seq.pending_logprobs, []
         if seq.pending_codes:
             out.codes, seq.pending_codes = torch.cat(seq.pending_codes), []
+        if seq.pending_tensors:
+            out.tensors = {key: torch.cat(rows) for key, rows in seq.pending_tensors.items()}
+            seq.pending_tensors = {}
         if seq.request.hidden_layers and row is not None:
             self._hidden_out(out, seq, result, *row)
         just_finished = seq.finished and not seq.finish_sent
-        if not (token_ids or text or out.hidden_states or out.codes is not None or just_finished):
+        if not (
+            token_ids or text or out.hidden_states or out.codes is not None or out.tensors or just_finished
+        ):
             return None
         if p.n > 1:
             out.choice = Choice(seq.index, just_finished, seq.finish_reason if just_finished else None)

@@ -59,12 +59,16 @@ class PostSample:
     # step stands for in the sequence: EOS ends it as always)
     frames: torch.Tensor | None = None
     token_ids: torch.Tensor | None = None
+    # Family payloads, each [S, ...] (a row per sequence): emitted in the output's `tensors` under the key,
+    # a step's rows joined along dim 0, e.g. the continuous audio latents a diffusion head made for a frame
+    tensors: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
 
 PostSampleHook = Callable[[Any, SampledStep], PostSample]
 EmbedSpec = tuple[int, torch.dtype, torch.device]  # width, dtype, device
-# (frame [1, C], embed [H], whether the frame ends the sequence, the token to append or None: the sampled)
-Row = tuple[torch.Tensor | None, torch.Tensor | None, bool, int | None]
+# (frame [1, C], embed [H], whether the frame ends the sequence, the token to append or None: the sampled,
+# the family payloads [1, ...] by key)
+Row = tuple[torch.Tensor | None, torch.Tensor | None, bool, int | None, dict[str, torch.Tensor]]
 
 
 def run_hook(
@@ -135,4 +139,10 @@ def _rows(out: PostSample, step: SampledStep, embed: EmbedSpec) -> list[Row]:
         if tuple(out.stop.shape) != (n,):
             raise ValueError(f"the post-sample hook's stop has shape {list(out.stop.shape)}, expected [{n}]")
         stops = [bool(v) for v in out.stop.tolist()]
-    return list(zip(frames, embeds, stops, tokens, strict=True))
+    payloads: list[dict[str, torch.Tensor]] = [{} for _ in range(n)]
+    for key, value in out.tensors.items():
+        if value.shape[0] != n:
+            raise ValueError(f"the post-sample hook's tensors[{key!r}] has {value.shape[0]} rows, not {n}")
+        for i, row in enumerate(value.detach().to("cpu").split(1)):
+            payloads[i][key] = row.clone()
+    return list(zip(frames, embeds, stops, tokens, payloads, strict=True))

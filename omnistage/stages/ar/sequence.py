@@ -95,6 +95,7 @@ class Sequence:
     # embedding fed back in its place (None: its own token embedding), kept for recompute.
     pending_codes: list[torch.Tensor] = dataclasses.field(default_factory=list)
     fed_embeds: list[torch.Tensor | None] = dataclasses.field(default_factory=list)
+    pending_tensors: dict[str, list[torch.Tensor]] = dataclasses.field(default_factory=dict)  # its `tensors`
     # Encoder-decoder models: this sequence's cross-attention K/V per layer (cross_attention.py).
     cross_kv: Any = None
     # Classifier-free guidance (guidance.py): a guided sequence's unconditional twin, and on the twin the

@@ -1,0 +1,94 @@
+"""The VAE stage: VoxCPM2's causal AudioVAE decoder behind the generation engine.
+
+Frames in are latent patches [T, P, D] (the decoder stage's `latents`); audio out is `P x hop` samples a
+patch at the VAE's output rate. Full handoff decodes a request in one pass, as the reference
+(`AudioVAEV2.decode` of every patch; a continued clip's last patches decoded as context and cut). Async
+chunk decodes each chunk behind its exact left context: the decoder is causal, so a window holding the
+patches its receptive field reaches (`context_patches`, found by probing the loaded decoder) reproduces
+the one-pass samples of its chunk.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Generator as Steps
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omnistage.families.shared.codec_stage import CodecArgs, codec_engine
+from omnistage.stages.base import EngineContext
+from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine, one_unit
+
+
+def load_vae(model_dir: str | Path, device: str = "cpu") -> Any:
+    """The checkpoint's AudioVAE (float32, as the reference runs it)."""
+    from safetensors.torch import load_file
+    from voxcpm.modules.audiovae import AudioVAEConfigV2, AudioVAEV2
+
+    config = json.loads((Path(model_dir) / "config.json").read_text()).get("audio_vae_config")
+    vae = AudioVAEV2(config=AudioVAEConfigV2(**config)) if config else AudioVAEV2()
+    # not strict, as `from_local` loads it (a checkpoint may leave layers at their init)
+    vae.load_state_dict(load_file(str(Path(model_dir) / "audiovae.safetensors")), strict=False)
+    return vae.to(device).float().eval()
+
+
+def patch_size(model_dir: str | Path) -> int:
+    return int(json.loads((Path(model_dir) / "config.json").read_text()).get("patch_size", 4))
+
+
+@torch.inference_mode()
+def context_patches(vae: Any, patch: int) -> int:
+    """The patches before a chunk that its samples depend on: the decoder is causal, so a latent frame
+    poked at the start of a silent input changes the output up to the receptive field's end and no
+    further; found on the loaded decoder itself (the layer arithmetic stays in the VAE's code)."""
+    dim, hop = int(vae.latent_dim), int(vae.decode_chunk_size)
+    frames = 16
+    while True:
+        x = torch.zeros(1, dim, frames, device=next(vae.parameters()).device)
+        base = vae.decode(x)
+        x[..., 0] = 1.0
+        changed = (vae.decode(x) - base).abs().reshape(frames, hop).amax(dim=-1) > 0
+        reach = int(changed.nonzero().max())
+        if reach < frames - 1:
+            return math.ceil(reach / patch)
+        frames *= 2
+
+
+class VoxVAEGenerator:
+    """`generate(windows, params)`: one waveform [T * P * hop] per [T, P, D] window of latent patches."""
+
+    def __init__(self, vae: Any, patch: int):
+        self.vae, self.patch = vae, patch
+        self.sample_rate = int(vae.out_sample_rate)
+        self.outputs_per_frame = patch * int(vae.decode_chunk_size)
+
+    def run(self, batch: GenerationBatch) -> Steps[None, None, list[torch.Tensor]]:
+        return one_unit(lambda: self.generate(batch.windows, batch.params))
+
+    def generate(self, windows: list[torch.Tensor], params: list[Any]) -> list[torch.Tensor]:
+        device = next(self.vae.parameters()).device
+        out = []
+        with torch.inference_mode():
+            for window in windows:
+                if window.shape[0] == 0:
+                    out.append(torch.empty(0))
+                    continue
+                latents = (
+                    window.to(device, torch.float32).reshape(-1, window.shape[-1]).T[None]
+                )  # [1, D, T*P]
+                out.append(self.vae.decode(latents).reshape(-1).float().cpu())
+        return out
+
+
+def create_engine(ctx: EngineContext) -> GenerationEngine:
+    """The VAE decoder on the generation engine, sized by `CodecArgs` (shared/codec_stage.py); chunks are
+    decoded behind their exact left context ("exact", the default here), `async_chunk: false` in one pass."""
+    vae = load_vae(ctx.model_dir, ctx.device)
+    patch = patch_size(ctx.model_dir)
+    return codec_engine(ctx, VoxVAEGenerator(vae, patch), context_patches(vae, patch))
+
+
+create_engine.args_type = CodecArgs

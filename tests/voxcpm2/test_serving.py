@@ -1,0 +1,196 @@
+"""VoxCPM2 served by `omnistage serve` with its default deploy (both stages as processes, async chunk),
+through the official `openai` client where it has the call: speech, its SSE and raw streams equal to the
+whole, the batch and the streaming-text WebSocket speaking the same audio (a request's seed is its noise's); a
+voice uploaded with its transcript is continued as the same clip given inline, and still is after a restart;
+bad fields answer 400 naming them; a client that leaves mid-stream frees both stages."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import soundfile
+from openai import OpenAI
+from websockets.sync.client import connect
+
+from omnistage.families.voxcpm2.tiny import tiny_voxcpm2_dir
+from tests.support import speech_family
+from tests.support.server_process import ServerProcess
+from tests.voxcpm2.reference import clip
+
+pytestmark = pytest.mark.engine
+
+GREEDY = [{"seed": 8, "max_tokens": 30}, {}]  # seeded: the same noise, the same audio
+TEXT = "The quick brown fox jumps over the lazy dog."  # 30 patches (tests/voxcpm2)
+REF_TEXT = "Once upon a time."
+
+
+def start(voices: Path, log: Path) -> ServerProcess:
+    return speech_family.start(tiny_voxcpm2_dir(), voices, log)
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return tmp_path_factory.mktemp("voxcpm2-voices"), tmp_path_factory.mktemp("voxcpm2-server")
+
+
+@pytest.fixture(scope="module")
+def server(dirs) -> Iterator[ServerProcess]:
+    proc = start(dirs[0], dirs[1] / "server.log")
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def http(server: ServerProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=300) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerProcess) -> OpenAI:
+    return OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def model() -> str:
+    return tiny_voxcpm2_dir().name
+
+
+def speak(client: OpenAI, text: str = TEXT, **extra) -> bytes:
+    voice = extra.pop("voice", "default")
+    reply = client.audio.speech.create(
+        model=model(),
+        voice=voice,
+        input=text,
+        response_format="pcm",
+        extra_body={"stage_params": GREEDY, **extra},
+    )
+    return reply.content
+
+
+def wav(samples) -> bytes:
+    out = io.BytesIO()
+    soundfile.write(out, samples, 16000, format="WAV", subtype="FLOAT")
+    return out.getvalue()
+
+
+def test_every_route_speaks_the_same_audio(client: OpenAI, http: httpx.Client, server) -> None:
+    whole = speak(client)
+    assert len(whole) > 0 and speak(client, text="Something else entirely.") != whole
+
+    deltas, done = [], None
+    stream = client.audio.speech.with_streaming_response
+    with stream.create(model=model(), voice="default", input=TEXT, response_format="pcm",
+                       extra_body={"stage_params": GREEDY, "stream": True}) as reply:  # fmt: skip
+        for line in reply.iter_lines():
+            if line.startswith("data:"):
+                data = json.loads(line[5:])
+                if data["type"] == "speech.audio.delta":
+                    deltas.append(base64.b64decode(data["audio"]))
+                else:
+                    done = data
+    assert done is not None and done["type"] == "speech.audio.done", done
+    assert len(deltas) >= 2 and b"".join(deltas) == whole  # async chunks, joined: the same audio
+
+    with stream.create(model=model(), voice="default", input=TEXT, response_format="pcm",
+                       extra_body={"stage_params": GREEDY, "stream_format": "audio"}) as reply:  # fmt: skip
+        assert b"".join(reply.iter_bytes()) == whole
+
+    fields = {"voice": "default", "stage_params": GREEDY, "response_format": "pcm"}
+    items = [{"input": TEXT}, {"input": "  "}, {"input": TEXT, "ref_text": REF_TEXT}]
+    batch = http.post("/v1/audio/speech/batch", json={"model": model(), **fields, "items": items})
+    assert batch.status_code == 200, batch.text
+    results = batch.json()["results"]
+    assert [r["status"] for r in results] == ["success", "error", "error"]
+    assert base64.b64decode(results[0]["audio_data"]) == whole
+    assert results[1]["param"] == "input" and results[2]["param"] == "ref_text"
+
+    with connect(server.url.replace("http", "ws") + "/v1/audio/speech/stream", max_size=None) as ws:
+        ws.send(json.dumps({"type": "session.config", "model": model(), **fields}))
+        ws.send(json.dumps({"type": "input.text", "text": TEXT}))
+        ws.send(json.dumps({"type": "input.done"}))
+        start_event = json.loads(ws.recv(timeout=120))
+        assert start_event["type"] == "audio.start" and start_event["sample_rate"] == 16000
+        chunks = []
+        while isinstance(message := ws.recv(timeout=120), bytes):
+            chunks.append(message)
+        assert json.loads(message)["type"] == "audio.done"
+    assert b"".join(chunks) == whole
+
+
+def test_an_uploaded_voice_is_continued_as_its_clip(client: OpenAI, http: httpx.Client) -> None:
+    sample = clip(0.3, 180.0)
+    got = http.post(
+        "/v1/audio/voices",
+        data={"name": "teller", "consent": "yes", "ref_text": REF_TEXT},
+        files={"audio_sample": ("teller.wav", wav(sample), "audio/wav")},
+    )
+    assert got.status_code == 200, got.text
+    uploaded = speak(client, voice="teller")
+    inline = speak(client, ref_audio="data:audio/wav;base64," + base64.b64encode(wav(sample)).decode(),
+                   ref_text=REF_TEXT)  # fmt: skip
+    assert uploaded == inline != speak(client)
+    entry = http.get("/v1/audio/voices", params={"model": model()}).json()["models"][0]
+    assert entry["voices"] == ["default"] and entry["clones_voices"] is True
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"voice": "nobody"}, "voice"),
+        ({"ref_text": REF_TEXT}, "ref_text"),
+        ({"ref_audio": "data:audio/wav;base64,AAAA", "ref_text": REF_TEXT}, "ref_audio"),
+        ({"ref_audio": "/etc/hostname", "ref_text": REF_TEXT}, "ref_audio"),
+        ({"instructions": "Speak warmly"}, "instructions"),
+        ({"speaker_id": 1}, "speaker_id"),
+        ({"cfg_value": 0.5}, "cfg_value"),
+        ({"inference_timesteps": 0}, "inference_timesteps"),
+    ],
+)
+def test_bad_fields_are_400_naming_them(client: OpenAI, extra: dict, param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        speak(client, **extra)
+    assert refused.value.status_code == 400 and speech_family.refused_param(refused.value) == param
+
+
+def test_the_family_options_reach_the_decoder(client: OpenAI) -> None:
+    """`cfg_value` and `inference_timesteps` change the patches (the defaults, 2.0 and 10, are the same as
+    leaving them out)."""
+    base = speak(client)
+    assert base == speak(client, cfg_value=2.0, inference_timesteps=10)
+    assert base != speak(client, cfg_value=3.0) and base != speak(client, inference_timesteps=4)
+
+
+def test_disconnect_mid_stream_frees_both_stages(http: httpx.Client, server) -> None:
+    """A client that leaves while the codec streams and the decoder still generates: the request is aborted
+    in both stages, neither holds it afterwards, and the server serves on."""
+    endless = [{"seed": 1, "max_tokens": 2000, "min_tokens": 2000}, {}]
+    body = {"model": model(), "input": " ".join([TEXT] * 20), "response_format": "pcm", "voice": "default"}
+    body |= {"stage_params": endless, "stream": True}
+    speech_family.leave_mid_stream(http, server, model(), body, ("decoder", "vae"))
+    assert (
+        http.post(
+            "/v1/audio/speech", json={**body, "input": TEXT, "stage_params": GREEDY, "stream": False}
+        ).status_code
+        == 200
+    )
+
+
+def test_an_uploaded_voice_survives_a_restart(client: OpenAI, server, dirs) -> None:
+    """Last: the module's server stops, and a new one on the same voices directory speaks the voice alike."""
+    before = speak(client, voice="teller")
+    server.stop()
+    again = start(dirs[0], dirs[1] / "restarted.log")
+    try:
+        with OpenAI(base_url=again.url + "/v1", api_key="unused", max_retries=0) as fresh:
+            assert speak(fresh, voice="teller") == before
+    finally:
+        again.stop()
