@@ -67,18 +67,20 @@ def test_speech_and_cloned_voices_equal_reference_waveform(tmp_path) -> None:
             assert close(out.audio.reshape(-1), want), (text, options.keys())
 
 
-def test_async_chunks_join_into_the_one_pass_waveform() -> None:
-    """The VAE engine fed a request's patches a few at a time decodes each chunk behind its exact left
-    context: joined, the one-pass waveform within 1e-4 (two requests interleaved)."""
+@pytest.mark.parametrize("left", ["stream", "exact"])
+def test_async_chunks_join_into_the_one_pass_waveform(left: str) -> None:
+    """The VAE engine fed a request's patches a few at a time decodes each chunk continuing the request's
+    stream (the default) or behind its exact left context: joined, the one-pass waveform within 1e-4 (two
+    requests interleaved)."""
     deploy = StageDeploy(
         stage_id=1,
         async_chunk=True,
         max_num_seqs=8,
-        engine_args={"chunk_frames": 3, "first_chunk_frames": 1, "left_context_frames": "exact"},
+        engine_args={"chunk_frames": 3, "first_chunk_frames": 1, "left_context_frames": left},
     )
     stage = StageSpec(1, "vae", "generation", final_output=True, output_modality="audio")
     eng = create_engine(EngineContext(stage=stage, deploy=deploy, model_dir=str(tiny_voxcpm2_dir())))
-    assert eng.left_context > 0 and not eng.streams
+    assert eng.streams == (left == "stream") and (eng.left_context > 0) == (left == "exact")
     patches = [reference_latents(PROMPTS[i], SEEDS[i]) for i in (0, 1)]
     whole = [eng.generator.generate([p], [None])[0] for p in patches]
     audio: dict[str, list[torch.Tensor]] = {"r0": [], "r1": []}

@@ -5,8 +5,7 @@ directory through the real loading code. The tokenizer is a local byte-level BPE
 one is (`LlamaTokenizerFast`), with VoxCPM's four audio markers at their hard-coded ids 101–104.
 
 `tiny_voxcpm2_dir()`: tests (a 2-layer, 64-wide base LM, 1 residual layer, patches of 2 latents of 16, a
-small causal VAE at 16 kHz in, 16 kHz out). `bench_voxcpm2_dir(dtype)`: the benchmark's, VoxCPM2's widths with
-fewer layers.
+small causal VAE at 16 kHz in, 16 kHz out). `bench_voxcpm2_dir(dtype)`: the benchmark's (`BENCH`).
 """
 
 from __future__ import annotations
@@ -79,18 +78,20 @@ TINY = dict(
     max_length=4096,
     dtype="float32",
 )
-# VoxCPM2's widths (2048-wide MiniCPM-4 base LM, 1024-wide local encoder and DiT, patches of 4 latents of
-# 64, the released VAE's 16 kHz in / 48 kHz out) with 4 of 28 base, 2 of 8 residual, 2 of 4 encoder and DiT
-# layers.
+# The benchmark's: `VoxCPMConfig`'s defaults where it has them (patches of 4 latents of 64, FSQ 512, a
+# 1024-wide local encoder and DiT with 16 heads, 8 residual LM layers, 4 encoder and DiT layers) under a
+# 2048-wide MiniCPM-4 base LM (heads of 64, as the local modules' shared RoPE needs), a quarter of every
+# stack's layers (7 base, 2 residual, 1 encoder, 1 DiT), and the released VAE's architecture (16 kHz in,
+# 48 kHz out).
 BENCH = dict(
-    lm_config=_lm(4, 2048, 16, 2, 6144, 0),
+    lm_config=_lm(7, 2048, 32, 2, 6144, 0),
     patch_size=4,
     feat_dim=64,
     residual_lm_num_layers=2,
     scalar_quantization_latent_dim=512,
     scalar_quantization_scale=9,
-    encoder_config=dict(hidden_dim=1024, ffn_dim=4096, num_heads=16, num_layers=2),
-    dit_config=dict(hidden_dim=1024, ffn_dim=4096, num_heads=16, num_layers=2, cfm_config={}),
+    encoder_config=dict(hidden_dim=1024, ffn_dim=4096, num_heads=16, num_layers=1),
+    dit_config=dict(hidden_dim=1024, ffn_dim=4096, num_heads=16, num_layers=1, cfm_config={}),
     audio_vae_config=None,  # the released VAE's (AudioVAEConfigV2's defaults)
     max_length=4096,
     dtype="float32",
@@ -144,10 +145,13 @@ def build(path: Path, overrides: dict[str, Any], dtype: str = "float32") -> None
     from transformers import LlamaTokenizerFast
 
     model = VoxCPM2Model(config, LlamaTokenizerFast.from_pretrained(str(path)), vae, device="cpu").eval()
-    if overrides is TINY:
-        with torch.no_grad():
+    with torch.no_grad():
+        if overrides is TINY:
             # the stop head's "go on" row lowered, so tiny prompts stop on their own after 18-33 patches
             model.stop_head.weight[0] -= 0.09
+        else:
+            # "stop" far below "go on": a bench request speaks its whole length cap, on both sides alike
+            model.stop_head.weight[1] = model.stop_head.weight[0] - 1.0
     (path / "config.json").write_text(config.model_dump_json(indent=1, exclude_none=True))
     state = {k: v.contiguous() for k, v in model.state_dict().items() if not k.startswith("audio_vae.")}
     state = {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v for k, v in state.items()}

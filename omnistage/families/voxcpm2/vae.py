@@ -3,9 +3,11 @@
 Frames in are latent patches [T, P, D] (the decoder stage's `latents`); audio out is `P x hop` samples a
 patch at the VAE's output rate. Full handoff decodes a request in one pass, as the reference
 (`AudioVAEV2.decode` of every patch; a continued clip's last patches decoded as context and cut). Async
-chunk decodes each chunk behind its exact left context: the decoder is causal, so a window holding the
-patches its receptive field reaches (`context_patches`, found by probing the loaded decoder) reproduces
-the one-pass samples of its chunk.
+chunk continues each request's stream by default: the decoder is causal, so each chunk is decoded alone with
+the convolutions' carried inputs from the chunks before it (the reference's own `StreamingVAEDecoder`, its
+state kept per request), joining into the one-pass waveform with no context decoded twice; or, with
+`left_context_frames: exact`, behind its exact left context (`context_patches`, found by probing the loaded
+decoder).
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ def load_vae(model_dir: str | Path, device: str = "cpu") -> Any:
     vae = AudioVAEV2(config=AudioVAEConfigV2(**config)) if config else AudioVAEV2()
     # not strict, as `from_local` loads it (a checkpoint may leave layers at their init)
     vae.load_state_dict(load_file(str(Path(model_dir) / "audiovae.safetensors")), strict=False)
+    # Weight norm folded into the weights once: the reference recomputes each conv's weight from (g, v) on
+    # every call, the same arithmetic (outputs bit-equal), which chunked decoding would pay a call a chunk.
+    for module in vae.decoder.modules():
+        if hasattr(module, "weight_g"):
+            torch.nn.utils.remove_weight_norm(module)
     return vae.to(device).float().eval()
 
 
@@ -58,34 +65,57 @@ def context_patches(vae: Any, patch: int) -> int:
 
 
 class VoxVAEGenerator:
-    """`generate(windows, params)`: one waveform [T * P * hop] per [T, P, D] window of latent patches."""
+    """`generate(windows, params[, stream_ids])`: one waveform [T * P * hop] per [T, P, D] window of latent
+    patches; with stream ids, each window continues its stream (the engine's `streams`)."""
 
     def __init__(self, vae: Any, patch: int):
+        from voxcpm.modules.audiovae.audio_vae_v2 import StreamingVAEDecoder
+
         self.vae, self.patch = vae, patch
         self.sample_rate = int(vae.out_sample_rate)
         self.outputs_per_frame = patch * int(vae.decode_chunk_size)
+        self.streaming = StreamingVAEDecoder(vae)
+        self.streams: dict[str, dict] = {}  # stream id → the decoder's carried conv inputs
 
     def run(self, batch: GenerationBatch) -> Steps[None, None, list[torch.Tensor]]:
-        return one_unit(lambda: self.generate(batch.windows, batch.params))
+        return one_unit(lambda: self.generate(batch.windows, batch.params, batch.stream_ids))
 
-    def generate(self, windows: list[torch.Tensor], params: list[Any]) -> list[torch.Tensor]:
+    def generate(
+        self, windows: list[torch.Tensor], params: list[Any], stream_ids: list[str] | None = None
+    ) -> list[torch.Tensor]:
         device = next(self.vae.parameters()).device
         out = []
         with torch.inference_mode():
-            for window in windows:
+            for i, window in enumerate(windows):
                 if window.shape[0] == 0:
                     out.append(torch.empty(0))
                     continue
-                latents = (
-                    window.to(device, torch.float32).reshape(-1, window.shape[-1]).T[None]
-                )  # [1, D, T*P]
-                out.append(self.vae.decode(latents).reshape(-1).float().cpu())
+                # [T, P, D] → [1, D, T * P]
+                latents = window.to(device, torch.float32).reshape(-1, window.shape[-1]).T[None]
+                if stream_ids is None:
+                    wave = self.vae.decode(latents)
+                else:
+                    wave = self._continue(stream_ids[i], latents)
+                out.append(wave.reshape(-1).float().cpu())
         return out
+
+    def _continue(self, stream_id: str, latents: torch.Tensor) -> torch.Tensor:
+        """Decode `latents` after the stream's earlier chunks: the reference's streaming decoder (its convs
+        patched to carry their last inputs) with this stream's carried inputs swapped in and back out."""
+        with self.streaming as decoder:
+            decoder._states.update(self.streams.get(stream_id, {}))
+            wave = decoder.decode_chunk(latents)
+            self.streams[stream_id] = dict(decoder._states)
+        return wave
+
+    def end_stream(self, stream_id: str) -> None:
+        self.streams.pop(stream_id, None)
 
 
 def create_engine(ctx: EngineContext) -> GenerationEngine:
-    """The VAE decoder on the generation engine, sized by `CodecArgs` (shared/codec_stage.py); chunks are
-    decoded behind their exact left context ("exact", the default here), `async_chunk: false` in one pass."""
+    """The VAE decoder on the generation engine, sized by `CodecArgs` (shared/codec_stage.py): chunks continue
+    each request's stream ("stream", the default) or are decoded behind their exact left context ("exact");
+    `async_chunk: false` decodes each request in one pass."""
     vae = load_vae(ctx.model_dir, ctx.device)
     patch = patch_size(ctx.model_dir)
     return codec_engine(ctx, VoxVAEGenerator(vae, patch), context_patches(vae, patch))

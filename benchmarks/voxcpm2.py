@@ -1,0 +1,117 @@
+"""VoxCPM2 serving against its reference, in one run, on a checkpoint with VoxCPM2's widths and fewer layers
+(omnistage/families/voxcpm2/tiny.py `BENCH`: 4 base and 2 residual LM layers, 2 local encoder and DiT
+layers, patches of 4 latents of 64; the released VAE's architecture, 16 kHz in, 48 kHz out; random weights).
+
+The reference (the `voxcpm` package's `VoxCPM2Model`) speaks each text as its users call it, one request at a
+time on every core: `from_local`, `generate(text, max_len=...)` (guidance 2.0, 10 flow steps: its defaults);
+it gives no audio before the whole waveform. Its flow matcher's noise is replaced by omnistage's per-request,
+per-step noise (the request's seed), so both sides make the same patches and the waveforms compare. omnistage
+serves the same requests through `AsyncOmni` on the family's default deployment (decoder and VAE each in its
+own process, async chunk) and streams. Targets (issue 56): time to first audio ≤ 0.25x the reference's time to
+its whole waveform, audio-seconds per second at concurrency 8 ≥ 3x the reference's.
+
+    python benchmarks/voxcpm2.py [--requests 8] [--patches 40] [--dtype float32|bfloat16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.tts_against_reference import compare, run_reference  # noqa: E402
+from omnistage.families.shared.step_noise import step_noise  # noqa: E402
+from omnistage.families.voxcpm2.tiny import bench_voxcpm2_dir  # noqa: E402
+from omnistage.prompts import SpeechPrompt  # noqa: E402
+
+RATE = 48000
+SEED = 0
+TEXTS = [
+    "The weather is nice today. We could take a walk in the park after lunch.",
+    "Please open the door for me. My hands are full of groceries.",
+    "I would like a cup of coffee, with a little milk and no sugar.",
+    "Turn left at the next corner; the station is on your right.",
+    "Good morning, everyone. Today we will talk about the printing press.",
+    "The train to the city leaves at seven. Be sure to arrive early.",
+    "She opened the window and listened to the rain falling on the roof.",
+    "Thank you for calling. Your order has shipped and should arrive on Friday.",
+]
+
+
+class _Noise:
+    """`torch` as the reference's flow matcher sees it, `randn` giving step k's noise of the seed."""
+
+    def __init__(self, seed: int):
+        self.seed, self.step = seed, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+    def randn(self, shape: Any, device: Any = None, dtype: Any = None) -> torch.Tensor:
+        out = step_noise(self.seed, self.step, tuple(shape[1:]))[None].to(dtype)
+        self.step += 1
+        return out
+
+
+@contextlib.contextmanager
+def same_noise(seed: int):  # noqa: ANN201
+    import voxcpm.modules.locdit.unified_cfm as cfm
+
+    saved, cfm.torch = cfm.torch, _Noise(seed)
+    try:
+        yield
+    finally:
+        cfm.torch = saved
+
+
+def reference(model_dir: Path, patches: int, dtype: str):
+    """One request as the model card calls it (`generate`, its defaults but the length cap)."""
+    from voxcpm.model.voxcpm2 import VoxCPM2Model
+
+    model = VoxCPM2Model.from_local(str(model_dir), optimize=False, device="cpu")
+    model = model.to(getattr(torch, dtype))
+    model.audio_vae.float()
+
+    def one(text: str) -> torch.Tensor:
+        with same_noise(SEED), torch.inference_mode():
+            return model.generate(text, max_len=patches)
+
+    return one
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=8, help="requests per side (texts cycle)")
+    parser.add_argument("--patches", type=int, default=40, help="patches per request at most (0.16 s each)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="both sides'")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    model_dir = bench_voxcpm2_dir(args.dtype)
+    texts = [TEXTS[i % len(TEXTS)] for i in range(args.requests)]
+    print(
+        f"VoxCPM2 bench checkpoint {model_dir} (ready in {time.perf_counter() - started:.0f} s): "
+        f"{args.requests} requests of up to {args.patches} patches; {args.dtype}; {os.cpu_count()} cores; "
+        f"load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
+    torch.set_num_threads(os.cpu_count() or 1)  # the reference on every core
+    ref = run_reference(reference(model_dir, args.patches, args.dtype), texts, RATE)
+    gc.collect()
+    print(f"reference, one at a time: time to whole waveform p50 {ref['ttfa_p50']:.2f} s", flush=True)
+    prompts = [SpeechPrompt(input=t) for t in texts]
+    compare(model_dir, prompts, args.patches, args.dtype, RATE, ref, (0.25, 3), sampling={"seed": SEED})
+
+
+if __name__ == "__main__":
+    main()
