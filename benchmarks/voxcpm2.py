@@ -16,22 +16,20 @@ its whole waveform, audio-seconds per second at concurrency 8 ≥ 3x the referen
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.tts_against_reference import compare, run_reference  # noqa: E402
-from omnistage.families.shared.step_noise import step_noise  # noqa: E402
 from omnistage.families.voxcpm2.tiny import bench_voxcpm2_dir  # noqa: E402
 from omnistage.prompts import SpeechPrompt  # noqa: E402
+from tests.voxcpm2.reference import same_noise  # noqa: E402  (the tests' noise swap, shared)
 
 RATE = 48000
 SEED = 0
@@ -45,32 +43,6 @@ TEXTS = [
     "She opened the window and listened to the rain falling on the roof.",
     "Thank you for calling. Your order has shipped and should arrive on Friday.",
 ]
-
-
-class _Noise:
-    """`torch` as the reference's flow matcher sees it, `randn` giving step k's noise of the seed."""
-
-    def __init__(self, seed: int):
-        self.seed, self.step = seed, 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(torch, name)
-
-    def randn(self, shape: Any, device: Any = None, dtype: Any = None) -> torch.Tensor:
-        out = step_noise(self.seed, self.step, tuple(shape[1:]))[None].to(dtype)
-        self.step += 1
-        return out
-
-
-@contextlib.contextmanager
-def same_noise(seed: int):  # noqa: ANN201
-    import voxcpm.modules.locdit.unified_cfm as cfm
-
-    saved, cfm.torch = cfm.torch, _Noise(seed)
-    try:
-        yield
-    finally:
-        cfm.torch = saved
 
 
 def reference(model_dir: Path, patches: int, dtype: str):

@@ -6,18 +6,13 @@ client that leaves mid-stream frees both stages."""
 
 from __future__ import annotations
 
-import base64
-import io
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-import soundfile
 from openai import OpenAI
-from websockets.sync.client import connect
 
 from omnistage.families.dia.tiny import tiny_dia_dir
 from tests.dia.reference import clip
@@ -64,82 +59,23 @@ def model() -> str:
     return tiny_dia_dir().name
 
 
+def speaker(client: OpenAI) -> speech_family.Speaker:
+    return speech_family.Speaker(client, model(), TEXT, GREEDY, 44100)
+
+
 def speak(client: OpenAI, text: str = TEXT, **extra) -> bytes:
-    voice = extra.pop("voice", "default")
-    reply = client.audio.speech.create(
-        model=model(),
-        voice=voice,
-        input=text,
-        response_format="pcm",
-        extra_body={"stage_params": GREEDY, **extra},
-    )
-    return reply.content
-
-
-def wav(samples) -> bytes:
-    out = io.BytesIO()
-    soundfile.write(out, samples, 44100, format="WAV", subtype="FLOAT")
-    return out.getvalue()
+    return speaker(client).speak(text, **extra)
 
 
 def test_every_route_speaks_the_same_audio(client: OpenAI, http: httpx.Client, server) -> None:
-    whole = speak(client)
-    assert len(whole) > 0 and speak(client, text="[S2] Something else entirely.") != whole
-
-    deltas, done = [], None
-    stream = client.audio.speech.with_streaming_response
-    with stream.create(model=model(), voice="default", input=TEXT, response_format="pcm",
-                       extra_body={"stage_params": GREEDY, "stream": True}) as reply:  # fmt: skip
-        for line in reply.iter_lines():
-            if line.startswith("data:"):
-                data = json.loads(line[5:])
-                if data["type"] == "speech.audio.delta":
-                    deltas.append(base64.b64decode(data["audio"]))
-                else:
-                    done = data
-    assert done is not None and done["type"] == "speech.audio.done", done
-    assert len(deltas) >= 2 and b"".join(deltas) == whole  # async chunks, joined: the same audio
-
-    with stream.create(model=model(), voice="default", input=TEXT, response_format="pcm",
-                       extra_body={"stage_params": GREEDY, "stream_format": "audio"}) as reply:  # fmt: skip
-        assert b"".join(reply.iter_bytes()) == whole
-
-    fields = {"voice": "default", "stage_params": GREEDY, "response_format": "pcm"}
-    items = [{"input": TEXT}, {"input": "  "}, {"input": TEXT, "ref_text": REF_TEXT}]
-    batch = http.post("/v1/audio/speech/batch", json={"model": model(), **fields, "items": items})
-    assert batch.status_code == 200, batch.text
-    results = batch.json()["results"]
-    assert [r["status"] for r in results] == ["success", "error", "error"]
-    assert base64.b64decode(results[0]["audio_data"]) == whole
-    assert results[1]["param"] == "input" and results[2]["param"] == "ref_text"
-
-    with connect(server.url.replace("http", "ws") + "/v1/audio/speech/stream", max_size=None) as ws:
-        ws.send(json.dumps({"type": "session.config", "model": model(), **fields}))
-        ws.send(json.dumps({"type": "input.text", "text": TEXT}))
-        ws.send(json.dumps({"type": "input.done"}))
-        start_event = json.loads(ws.recv(timeout=120))
-        assert start_event["type"] == "audio.start" and start_event["sample_rate"] == 44100
-        chunks = []
-        while isinstance(message := ws.recv(timeout=120), bytes):
-            chunks.append(message)
-        assert json.loads(message)["type"] == "audio.done"
-    assert b"".join(chunks) == whole
+    speaker(client).every_route_speaks_the_same_audio(
+        http, server, "[S2] Something else entirely.", {"ref_text": REF_TEXT}
+    )
 
 
 def test_an_uploaded_voice_is_continued_as_its_clip(client: OpenAI, http: httpx.Client) -> None:
-    sample = clip(0.3, 180.0)
-    got = http.post(
-        "/v1/audio/voices",
-        data={"name": "teller", "consent": "yes", "ref_text": REF_TEXT},
-        files={"audio_sample": ("teller.wav", wav(sample), "audio/wav")},
-    )
-    assert got.status_code == 200, got.text
-    uploaded = speak(client, voice="teller")
-    inline = speak(client, ref_audio="data:audio/wav;base64," + base64.b64encode(wav(sample)).decode(),
-                   ref_text=REF_TEXT)  # fmt: skip
-    assert uploaded == inline != speak(client)
-    entry = http.get("/v1/audio/voices", params={"model": model()}).json()["models"][0]
-    assert entry["voices"] == ["default"] and entry["clones_voices"] is True
+    voice = speaker(client)
+    voice.an_uploaded_voice_is_its_clip(http, voice.wav(clip(0.3, 180.0)), REF_TEXT)
 
 
 @pytest.mark.parametrize(

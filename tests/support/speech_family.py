@@ -1,11 +1,18 @@
-"""What the served codec-TTS families' tests share (tests/csm, tests/dia, tests/higgs_audio_v2): a server on
-a voices directory, the 400's `param`, and a client that leaves mid-stream."""
+"""What the served TTS families' tests share (tests/csm, tests/dia, tests/higgs_audio_v2, tests/voxcpm2): a
+server on a voices directory, the 400's `param`, a client that leaves mid-stream, and the checks every
+route and an uploaded voice pass (`Speaker`)."""
 
 from __future__ import annotations
 
+import base64
+import dataclasses
+import io
+import json
 from pathlib import Path
+from typing import Any
 
 import httpx
+import soundfile
 
 from tests.support.polling import wait_until
 from tests.support.server_process import ServerProcess
@@ -45,3 +52,97 @@ def leave_mid_stream(
         wait_until(lambda: all(held(s) == 1 for s in stages), 120, "both stages holding it")
     wait_idle(http, model)
     assert aborted(http, model) == before + 1
+
+
+@dataclasses.dataclass
+class Speaker:
+    """One served model spoken to through the official client: `speak` (PCM bytes) with the test's
+    deterministic `params` (stage_params), its `text` and output `rate`."""
+
+    client: Any  # openai.OpenAI
+    model: str
+    text: str
+    params: list[dict]
+    rate: int
+
+    def speak(self, text: str | None = None, **extra: Any) -> bytes:
+        voice = extra.pop("voice", "default")
+        reply = self.client.audio.speech.create(
+            model=self.model,
+            voice=voice,
+            input=self.text if text is None else text,
+            response_format="pcm",
+            extra_body={"stage_params": self.params, **extra},
+        )
+        return reply.content
+
+    def wav(self, samples: Any, rate: int | None = None) -> bytes:
+        out = io.BytesIO()
+        soundfile.write(out, samples, rate or self.rate, format="WAV", subtype="FLOAT")
+        return out.getvalue()
+
+    def every_route_speaks_the_same_audio(
+        self, http: httpx.Client, server: ServerProcess, other_text: str, orphan: dict
+    ) -> None:
+        """Speech, its SSE stream (async chunks, joined) and raw stream, the batch (one good item, an empty
+        input and `orphan`, an item whose field lacks its pair) and the streaming-text WebSocket: the same
+        audio, and other text other audio."""
+        whole = self.speak()
+        assert len(whole) > 0 and self.speak(other_text) != whole
+        deltas, done = [], None
+        stream = self.client.audio.speech.with_streaming_response
+        common = {"model": self.model, "voice": "default", "input": self.text, "response_format": "pcm"}
+        with stream.create(**common, extra_body={"stage_params": self.params, "stream": True}) as reply:
+            for line in reply.iter_lines():
+                if line.startswith("data:"):
+                    data = json.loads(line[5:])
+                    if data["type"] == "speech.audio.delta":
+                        deltas.append(base64.b64decode(data["audio"]))
+                    else:
+                        done = data
+        assert done is not None and done["type"] == "speech.audio.done", done
+        assert len(deltas) >= 2 and b"".join(deltas) == whole  # async chunks, joined: the same audio
+        with stream.create(
+            **common, extra_body={"stage_params": self.params, "stream_format": "audio"}
+        ) as reply:
+            assert b"".join(reply.iter_bytes()) == whole
+
+        fields = {"voice": "default", "stage_params": self.params, "response_format": "pcm"}
+        items = [{"input": self.text}, {"input": "  "}, {"input": self.text, **orphan}]
+        batch = http.post("/v1/audio/speech/batch", json={"model": self.model, **fields, "items": items})
+        assert batch.status_code == 200, batch.text
+        results = batch.json()["results"]
+        assert [r["status"] for r in results] == ["success", "error", "error"]
+        assert base64.b64decode(results[0]["audio_data"]) == whole
+        assert results[1]["param"] == "input" and results[2]["param"] == next(iter(orphan))
+
+        from websockets.sync.client import connect
+
+        with connect(server.url.replace("http", "ws") + "/v1/audio/speech/stream", max_size=None) as ws:
+            ws.send(json.dumps({"type": "session.config", "model": self.model, **fields}))
+            ws.send(json.dumps({"type": "input.text", "text": self.text}))
+            ws.send(json.dumps({"type": "input.done"}))
+            start_event = json.loads(ws.recv(timeout=120))
+            assert start_event["type"] == "audio.start" and start_event["sample_rate"] == self.rate
+            chunks = []
+            while isinstance(message := ws.recv(timeout=120), bytes):
+                chunks.append(message)
+            assert json.loads(message)["type"] == "audio.done"
+        assert b"".join(chunks) == whole
+
+    def an_uploaded_voice_is_its_clip(self, http: httpx.Client, clip: bytes, ref_text: str) -> None:
+        """A voice uploaded as "teller" with its transcript speaks as the same clip given inline (and not as
+        the default voice); the model lists its one built-in voice and that it clones."""
+        got = http.post(
+            "/v1/audio/voices",
+            data={"name": "teller", "consent": "yes", "ref_text": ref_text},
+            files={"audio_sample": ("teller.wav", clip, "audio/wav")},
+        )
+        assert got.status_code == 200, got.text
+        uploaded = self.speak(voice="teller")
+        inline = self.speak(
+            ref_audio="data:audio/wav;base64," + base64.b64encode(clip).decode(), ref_text=ref_text
+        )
+        assert uploaded == inline != self.speak()
+        entry = http.get("/v1/audio/voices", params={"model": self.model}).json()["models"][0]
+        assert entry["voices"] == ["default"] and entry["clones_voices"] is True
