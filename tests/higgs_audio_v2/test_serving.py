@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -22,7 +20,6 @@ from omnistage.families.higgs_audio_v2.tiny import tiny_higgs_dir
 from tests.higgs_audio_v2.reference import CLONE, PROMPTS, reference_waveform
 from tests.higgs_audio_v2.test_pipeline import wav
 from tests.support import speech_family
-from tests.support.server_process import ServerProcess
 
 pytestmark = pytest.mark.engine
 
@@ -32,33 +29,7 @@ TEXT = PROMPTS[3][0]
 REF_TEXT, REF_CLIP = CLONE[2]
 
 
-def start(voices: Path, log: Path) -> ServerProcess:
-    return speech_family.start(tiny_higgs_dir(), voices, log)
-
-
-@pytest.fixture(scope="module")
-def dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return tmp_path_factory.mktemp("higgs-voices"), tmp_path_factory.mktemp("higgs-server")
-
-
-@pytest.fixture(scope="module")
-def server(dirs) -> Iterator[ServerProcess]:
-    proc = start(dirs[0], dirs[1] / "server.log")
-    try:
-        yield proc
-    finally:
-        proc.stop()
-
-
-@pytest.fixture(scope="module")
-def http(server: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=300) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def client(server: ServerProcess) -> OpenAI:
-    return OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+dirs, server, http, client = speech_family.module_fixtures(tiny_higgs_dir, "higgs")
 
 
 def model() -> str:
@@ -181,11 +152,6 @@ def test_disconnect_mid_stream_frees_both_stages(http: httpx.Client, server) -> 
 
 def test_an_uploaded_voice_survives_a_restart(client: OpenAI, server, dirs) -> None:
     """Last: the module's server stops, and a new one on the same voices directory speaks the voice alike."""
-    before = speak(client, CLONE[0], voice="teller")
-    server.stop()
-    again = start(dirs[0], dirs[1] / "restarted.log")
-    try:
-        with OpenAI(base_url=again.url + "/v1", api_key="unused", max_retries=0) as fresh:
-            assert speak(fresh, CLONE[0], voice="teller") == before
-    finally:
-        again.stop()
+    speech_family.speaks_alike_after_restart(
+        lambda c: speak(c, CLONE[0], voice="teller"), client, server, tiny_higgs_dir(), dirs
+    )

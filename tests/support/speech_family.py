@@ -8,10 +8,12 @@ import base64
 import dataclasses
 import io
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import soundfile
 
 from tests.support.polling import wait_until
@@ -24,6 +26,53 @@ def start(model_dir: Path, voices: Path, log: Path) -> ServerProcess:
     proc = ServerProcess(args, log, module="omnistage")
     proc.wait_healthy(timeout=300)
     return proc
+
+
+def module_fixtures(model_dir: Callable[[], Path], name: str) -> tuple:
+    """The module-scoped fixtures of a served family's tests, to assign to the module's names `dirs, server,
+    http, client`: a voices directory and a log directory, the server on them, and its HTTP and `openai`
+    clients."""
+    from openai import OpenAI
+
+    @pytest.fixture(scope="module")
+    def dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+        return tmp_path_factory.mktemp(f"{name}-voices"), tmp_path_factory.mktemp(f"{name}-server")
+
+    @pytest.fixture(scope="module")
+    def server(dirs: tuple[Path, Path]) -> Iterator[ServerProcess]:
+        proc = start(model_dir(), dirs[0], dirs[1] / "server.log")
+        try:
+            yield proc
+        finally:
+            proc.stop()
+
+    @pytest.fixture(scope="module")
+    def http(server: ServerProcess) -> Iterator[httpx.Client]:
+        with httpx.Client(base_url=server.url, timeout=300) as client:
+            yield client
+
+    @pytest.fixture(scope="module")
+    def client(server: ServerProcess) -> Any:
+        return OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+    return dirs, server, http, client
+
+
+def speaks_alike_after_restart(
+    speak: Callable[[Any], bytes], client: Any, server: ServerProcess, model_dir: Path, dirs: tuple
+) -> None:
+    """`speak(client)` (an uploaded voice), then the module's server stopped and a new one on the same voices
+    directory: the same audio. Run last in its module."""
+    from openai import OpenAI
+
+    before = speak(client)
+    server.stop()
+    again = start(model_dir, dirs[0], dirs[1] / "restarted.log")
+    try:
+        with OpenAI(base_url=again.url + "/v1", api_key="unused", max_retries=0) as fresh:
+            assert speak(fresh) == before
+    finally:
+        again.stop()
 
 
 def refused_param(error) -> str | None:

@@ -129,38 +129,31 @@ def speech_input(ctx: StageInputContext) -> StageRequest:
     return StageRequest(ctx.request_id, prompt=ids, params=params, inputs=inputs, token_counts=counts)
 
 
-def _patches(ctx: StageInputContext, latents: Any) -> torch.Tensor:
-    if latents is None:
-        return torch.empty(0)
-    return torch.as_tensor(latents, dtype=torch.float32)
-
-
-def _context(ctx: StageInputContext) -> torch.Tensor | None:
-    return ctx.upstream[0].data.get("context") if ctx.upstream else None
+def _patches(latents: Any) -> torch.Tensor:
+    """Stage 0's latent patches [T, P, D] as float32 ([0, 0, 0] for none)."""
+    return torch.empty(0, 0, 0) if latents is None else torch.as_tensor(latents, dtype=torch.float32)
 
 
 def _vae_request(ctx: StageInputContext, patches: torch.Tensor, streaming: bool) -> StageRequest:
-    context = _context(ctx)
+    """The VAE's request, a continued clip's context patches first (decoded as context, never emitted)."""
+    context = ctx.upstream[0].data.get("context") if ctx.upstream else None
     inputs = GenerationInputs(patches)
     if context is not None and len(context):
-        inputs = GenerationInputs(
-            torch.cat([torch.as_tensor(context).to(patches.dtype), patches]), len(context)
-        )
+        context = torch.as_tensor(context, dtype=torch.float32)
+        inputs = GenerationInputs(torch.cat([context, patches.reshape(-1, *context.shape[1:])]), len(context))
     return StageRequest(ctx.request_id, params=ctx.params, inputs=inputs, streaming_input=streaming)
 
 
 def vae_input(ctx: StageInputContext) -> StageRequest:
     """Full handoff: every patch, in one pass (a continued clip's context first)."""
-    return _vae_request(ctx, _patches(ctx, ctx.upstream[0].tensor("latents")), streaming=False)
+    return _vae_request(ctx, _patches(ctx.upstream[0].tensor("latents")), streaming=False)
 
 
 def vae_chunk(
     ctx: StageInputContext, chunk: StageOutput, last: bool
 ) -> StageRequest | GenerationInputs | None:
     """Async chunk: each step's new patch as it comes."""
-    patches = _patches(ctx, chunk.tensors.get("latents"))
-    if patches.numel() == 0:
-        patches = patches.reshape(0, 0, 0)
+    patches = _patches(chunk.tensors.get("latents"))
     return stream_frames(ctx, patches, last, lambda part: _vae_request(ctx, part, True))
 
 

@@ -18,6 +18,7 @@ A pair takes two of `max_num_seqs` and twice its tokens of the step budget.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import torch
@@ -44,7 +45,7 @@ def twin_request(ar: Any, guidance: Guidance, vocab_size: int, hidden_size: int,
         raise InvalidRequestError(
             f"guidance must be a Guidance, got {type(guidance).__name__}", param="guidance"
         )
-    if not float(guidance.scale) == float(guidance.scale):  # NaN
+    if math.isnan(float(guidance.scale)):
         raise InvalidRequestError("guidance.scale must be a number", param="guidance")
     ids = ar.prompt_token_ids if guidance.prompt_token_ids is None else list(guidance.prompt_token_ids)
     if len(ids) != len(ar.prompt_token_ids):
