@@ -36,6 +36,7 @@ FAMILIES = (
     "omnistage.families.higgs_audio_v2",
     "omnistage.families.dia",
     "omnistage.families.voxcpm2",
+    "omnistage.families.vibevoice",
     "omnistage.families.whisper",
     "omnistage.families.hibari",
     "omnistage.families.wan",

@@ -1,4 +1,5 @@
-"""What the served TTS families' tests share (tests/csm, tests/dia, tests/higgs_audio_v2, tests/voxcpm2): a
+"""What the served TTS families' tests share (tests/csm, tests/dia, tests/higgs_audio_v2, tests/voxcpm2,
+tests/vibevoice): a
 server on a voices directory, the 400's `param`, a client that leaves mid-stream, and the checks every
 route and an uploaded voice pass (`Speaker`)."""
 
@@ -179,19 +180,19 @@ class Speaker:
             assert json.loads(message)["type"] == "audio.done"
         assert b"".join(chunks) == whole
 
-    def an_uploaded_voice_is_its_clip(self, http: httpx.Client, clip: bytes, ref_text: str) -> None:
-        """A voice uploaded as "teller" with its transcript speaks as the same clip given inline (and not as
-        the default voice); the model lists its one built-in voice and that it clones."""
+    def an_uploaded_voice_is_its_clip(self, http: httpx.Client, clip: bytes, ref_text: str | None) -> None:
+        """A voice uploaded as "teller" with its transcript (if the family takes one) speaks as the same clip
+        given inline (and not as the default voice); the model lists its one built-in voice and that it
+        clones."""
+        text = {} if ref_text is None else {"ref_text": ref_text}
         got = http.post(
             "/v1/audio/voices",
-            data={"name": "teller", "consent": "yes", "ref_text": ref_text},
+            data={"name": "teller", "consent": "yes", **text},
             files={"audio_sample": ("teller.wav", clip, "audio/wav")},
         )
         assert got.status_code == 200, got.text
         uploaded = self.speak(voice="teller")
-        inline = self.speak(
-            ref_audio="data:audio/wav;base64," + base64.b64encode(clip).decode(), ref_text=ref_text
-        )
+        inline = self.speak(ref_audio="data:audio/wav;base64," + base64.b64encode(clip).decode(), **text)
         assert uploaded == inline != self.speak()
         entry = http.get("/v1/audio/voices", params={"model": self.model}).json()["models"][0]
         assert entry["voices"] == ["default"] and entry["clones_voices"] is True

@@ -105,17 +105,17 @@ def clip_tokenizer():
     return CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=77)
 
 
-def qwen2_tokenizer():
-    """A Qwen2 byte-level BPE tokenizer with the chat/vision special tokens at Qwen's real ids."""
+def qwen2_tokenizer(specials: dict[str, int] | None = None):
+    """A Qwen2 byte-level BPE tokenizer with the chat/vision special tokens at Qwen's real ids (or
+    `specials`: token → id, "<|endoftext|>" among them)."""
     from transformers import Qwen2Tokenizer
 
+    specials = QWEN_SPECIAL_TOKENS if specials is None else specials
     backend = Qwen2Tokenizer()._tokenizer
     merges = _learn_bpe(_words(backend.pre_tokenizer.pre_tokenize_str), 300)
-    vocab = _bpe_vocab(BYTE_ALPHABET, merges, QWEN_SPECIAL_TOKENS)
+    vocab = _bpe_vocab(BYTE_ALPHABET, merges, specials)
     tok = Qwen2Tokenizer(vocab=vocab, merges=merges, model_max_length=32768)
-    tok.add_special_tokens(
-        {"additional_special_tokens": [t for t in QWEN_SPECIAL_TOKENS if t != "<|endoftext|>"]}
-    )
+    tok.add_special_tokens({"additional_special_tokens": [t for t in specials if t != "<|endoftext|>"]})
     return tok
 
 

@@ -24,6 +24,7 @@ import torch
 from omnistage.config.capabilities import Capabilities, SpeechOption
 from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
 from omnistage.errors import InvalidRequestError
+from omnistage.families.shared.clips import mono_clip
 from omnistage.families.shared.speech_fields import speech_fields
 from omnistage.outputs import StageOutput, TokenCounts
 from omnistage.stages.base import StageInputContext, StageRequest
@@ -57,18 +58,7 @@ SPEECH_OPTIONS = (
 def _clip(loaded: Any, data: Any, param: str, padding: str) -> torch.Tensor:
     """A clip (bytes, or an uploaded voice's file) → its latent patches [T, P, D], as the reference's
     `_encode_wav`: mono at the VAE's input rate, padded to whole patches (`padding` side), VAE-encoded."""
-    from omnistage.media import decode_audio, resample, voice_samples
-
-    try:
-        samples, rate = voice_samples(data) if isinstance(data, str | Path) else decode_audio(bytes(data))
-    except Exception as exc:  # whatever the decoder makes of bytes that are not audio
-        raise InvalidRequestError(f"{param}: not a readable audio clip ({exc})", param=param) from None
-    samples = samples.mean(axis=0) if samples.ndim == 2 else samples
-    vae = loaded.vox.audio_vae
-    if rate != vae.sample_rate:
-        samples = resample(samples, rate, vae.sample_rate)
-    if len(samples) == 0:
-        raise InvalidRequestError(f"{param}: the clip is empty", param=param)
+    samples = mono_clip(data, loaded.vox.audio_vae.sample_rate, param)
     return loaded.clip_patches(torch.as_tensor(samples, dtype=torch.float32), padding)
 
 

@@ -60,8 +60,10 @@ class PostSample:
     frames: torch.Tensor | None = None
     token_ids: torch.Tensor | None = None
     # Family payloads, each [S, ...] (a row per sequence): emitted in the output's `tensors` under the key,
-    # a step's rows joined along dim 0, e.g. the continuous audio latents a diffusion head made for a frame
-    tensors: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    # a step's rows joined along dim 0, e.g. the continuous audio latents a diffusion head made for a frame;
+    # or a list of S entries, each [1, ...] or None where that sequence's step emits none (a step that
+    # made no frame)
+    tensors: dict[str, torch.Tensor | list[torch.Tensor | None]] = dataclasses.field(default_factory=dict)
 
 
 PostSampleHook = Callable[[Any, SampledStep], PostSample]
@@ -141,8 +143,10 @@ def _rows(out: PostSample, step: SampledStep, embed: EmbedSpec) -> list[Row]:
         stops = [bool(v) for v in out.stop.tolist()]
     payloads: list[dict[str, torch.Tensor]] = [{} for _ in range(n)]
     for key, value in out.tensors.items():
-        if value.shape[0] != n:
-            raise ValueError(f"the post-sample hook's tensors[{key!r}] has {value.shape[0]} rows, not {n}")
-        for i, row in enumerate(value.detach().to("cpu").split(1)):
-            payloads[i][key] = row.clone()
+        if len(value) != n:
+            raise ValueError(f"the post-sample hook's tensors[{key!r}] has {len(value)} rows, not {n}")
+        rows = value.detach().to("cpu").split(1) if isinstance(value, torch.Tensor) else value
+        for i, row in enumerate(rows):
+            if row is not None:
+                payloads[i][key] = row.detach().to("cpu").clone()
     return list(zip(frames, embeds, stops, tokens, payloads, strict=True))

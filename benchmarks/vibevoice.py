@@ -1,0 +1,100 @@
+"""VibeVoice serving against its reference, in one run, on a checkpoint with VibeVoice-1.5B's widths and a
+quarter of its layers (omnistage/families/vibevoice/tiny.py `BENCH`: a 7-layer, 1536-wide Qwen2 with its
+vocabulary, the 4-layer diffusion head, latents of 64 at 3200 samples a frame, acoustic and semantic tokenizers
+a quarter as wide; random weights, the LM made to speak until its cap).
+
+The reference (transformers' `VibeVoiceForConditionalGeneration`) speaks each script as its users call it,
+one request at a time on every core: `from_pretrained`, `generate(input_ids, max_new_tokens=...)` (the
+checkpoint's guidance 1.3 and 10 DPM-Solver steps); it gives no audio before the whole waveform. Its
+diffusion noise is replaced by omnistage's per-request, per-step noise (the request's seed), so both sides
+make the same frames and the waveforms compare. omnistage serves the same scripts through `AsyncOmni` on the
+family's default deployment (LM and audio stage each in its own process, async chunk) and streams. Targets
+(issue 56): time to first audio ≤ 0.25x the reference's time to its whole waveform, audio-seconds per second
+at concurrency 8 ≥ 3x the reference's.
+
+    python benchmarks/vibevoice.py [--requests 8] [--frames 40] [--dtype float32|bfloat16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.tts_against_reference import compare, run_reference  # noqa: E402
+from omnistage.families.vibevoice.tiny import bench_vibevoice_dir  # noqa: E402
+from omnistage.prompts import SpeechPrompt  # noqa: E402
+from tests.vibevoice.reference import reference as reference_call  # noqa: E402  (the tests' noise swap)
+
+RATE = 24000
+SEED = 0
+TEXTS = [
+    "Speaker 0: The weather is nice today.\nSpeaker 1: We could take a walk in the park after lunch.",
+    "Speaker 0: Please open the door for me. My hands are full of groceries.",
+    "Speaker 0: I would like a cup of coffee.\nSpeaker 1: With a little milk and no sugar?",
+    "Speaker 0: Turn left at the next corner; the station is on your right.",
+    "Speaker 0: Good morning, everyone.\nSpeaker 1: Today we will talk about the printing press.",
+    "Speaker 0: The train to the city leaves at seven. Be sure to arrive early.",
+    "Speaker 0: She opened the window.\nSpeaker 1: And listened to the rain falling on the roof.",
+    "Speaker 0: Thank you for calling. Your order has shipped and should arrive on Friday.",
+]
+
+
+def reference(model_dir: Path, frames: int, dtype: str):
+    """One request as the model card calls it (`generate`, its defaults but the length cap), on the prompt
+    omnistage builds for the same script."""
+    from transformers import AutoTokenizer, VibeVoiceForConditionalGeneration
+
+    from omnistage.families.vibevoice.prompt import parse_script, prompt_ids
+
+    model = VibeVoiceForConditionalGeneration.from_pretrained(str(model_dir), dtype=getattr(torch, dtype)).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    config = model.config
+    ids = {
+        "eos": config.eos_token_id,
+        "bos": config.audio_bos_token_id,
+        "end": config.audio_eos_token_id,
+        "token": config.audio_token_id,
+    }
+
+    def one(text: str) -> torch.Tensor:
+        prompt = prompt_ids(tokenizer, parse_script(text), {}, ids)
+        return reference_call(prompt, SEED, "", frames, model=model)[2].float()
+
+    return one
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=8, help="requests per side (texts cycle)")
+    parser.add_argument("--frames", type=int, default=40, help="frames per request (0.133 s each)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="both sides'")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    model_dir = bench_vibevoice_dir(args.dtype)
+    texts = [TEXTS[i % len(TEXTS)] for i in range(args.requests)]
+    print(
+        f"VibeVoice bench checkpoint {model_dir} (ready in {time.perf_counter() - started:.0f} s): "
+        f"{args.requests} requests of {args.frames} frames; {args.dtype}; {os.cpu_count()} cores; "
+        f"load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
+    torch.set_num_threads(os.cpu_count() or 1)  # the reference on every core
+    ref = run_reference(reference(model_dir, args.frames, args.dtype), texts, RATE)
+    gc.collect()
+    print(f"reference, one at a time: time to whole waveform p50 {ref['ttfa_p50']:.2f} s", flush=True)
+    prompts = [SpeechPrompt(input=t) for t in texts]
+    compare(model_dir, prompts, args.frames, args.dtype, RATE, ref, (0.25, 3), sampling={"seed": SEED})
+
+
+if __name__ == "__main__":
+    main()
