@@ -114,12 +114,14 @@ def reference(
     max_new: int = MAX_NEW,
     input_values: Any = None,
     padding_mask: Any = None,
+    model: Any = None,
 ) -> tuple[list[int], torch.Tensor, torch.Tensor]:
     """`generate` on `ids` (its defaults: the checkpoint's guidance 1.3, 10 diffusion steps) with our noise:
-    (the generated tokens, the latents [F, D], the waveform [samples])."""
+    (the generated tokens, the latents [F, D], the waveform [samples]). `model`: the tiny checkpoint's
+    unless given."""
     from transformers import LogitsProcessorList
 
-    model = reference_model()
+    model = model or reference_model()
     steps = _Steps(script)
     made: list[torch.Tensor] = []
     sample = model._sample_audio_latent
