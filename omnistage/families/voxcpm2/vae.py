@@ -39,7 +39,27 @@ def load_vae(model_dir: str | Path, device: str = "cpu") -> Any:
     for module in vae.decoder.modules():
         if hasattr(module, "weight_g"):
             torch.nn.utils.remove_weight_norm(module)
+        if type(module).__name__ == "Snake1d":
+            module.forward = _snake(module)
     return vae.to(device).float().eval()
+
+
+def _snake(module: torch.nn.Module) -> Any:
+    """The reference's Snake activation, x + sin(alpha x)^2 / (alpha + 1e-9), in the same operations and
+    order (bit-equal) but into one buffer: its five fresh full-size tensors a call are most of the VAE's
+    memory traffic at 48 kHz (40% of a decode; this one is 3x faster, benchmarks/RESULTS.md)."""
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(shape[0], shape[1], -1)
+        alpha = module.alpha
+        y = torch.mul(alpha, x)
+        y.sin_()
+        y.mul_(y)
+        y.mul_((alpha + 1e-9).reciprocal())
+        return y.add_(x).reshape(shape)
+
+    return forward
 
 
 def patch_size(model_dir: str | Path) -> int:
