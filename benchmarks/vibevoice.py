@@ -1,7 +1,7 @@
 """VibeVoice serving against its reference, in one run, on a checkpoint with VibeVoice-1.5B's widths and a
 quarter of its layers (omnistage/families/vibevoice/tiny.py `BENCH`: a 7-layer, 1536-wide Qwen2 with its
-vocabulary, the 4-layer diffusion head, latents of 64 at 3200 samples a frame, acoustic and semantic tokenizers
-a quarter as wide; random weights, the LM made to speak until its cap).
+vocabulary, the 4-layer diffusion head, latents of 64 at 3200 samples a frame, acoustic and semantic
+tokenizers a quarter as wide; random weights, the LM made to speak until its cap).
 
 The reference (transformers' `VibeVoiceForConditionalGeneration`) speaks each script as its users call it,
 one request at a time on every core: `from_pretrained`, `generate(input_ids, max_new_tokens=...)` (the
@@ -54,7 +54,9 @@ def reference(model_dir: Path, frames: int, dtype: str):
 
     from omnistage.families.vibevoice.prompt import parse_script, prompt_ids
 
-    model = VibeVoiceForConditionalGeneration.from_pretrained(str(model_dir), dtype=getattr(torch, dtype)).eval()
+    model = VibeVoiceForConditionalGeneration.from_pretrained(
+        str(model_dir), dtype=getattr(torch, dtype)
+    ).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     config = model.config
     ids = {

@@ -37,6 +37,7 @@ FAMILIES = (
     "omnistage.families.dia",
     "omnistage.families.voxcpm2",
     "omnistage.families.vibevoice",
+    "omnistage.families.janus",
     "omnistage.families.whisper",
     "omnistage.families.hibari",
     "omnistage.families.wan",

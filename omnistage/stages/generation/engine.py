@@ -325,6 +325,8 @@ class GenerationEngine:
             out.audio, out.sample_rate = piece, self.generator.sample_rate
         elif self.output_key == "codes":
             out.codes = piece
+        elif self.output_key == "images":
+            out.images = piece
         else:
             out.tensors[self.output_key] = piece
         return out

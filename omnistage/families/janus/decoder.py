@@ -1,0 +1,78 @@
+"""Janus-Pro's LM on the AR engine writing image tokens, with classifier-free guidance.
+
+`JanusForConditionalGeneration.generate(generation_mode="image")` runs the Llama LM on the prompt and on a
+copy whose tokens other than BOS and the image-start marker are pads (the unconditional half of a doubled
+batch), picks each image token from the generation head's logits under `ClassifierFreeGuidanceLogitsProcessor`
+and feeds both halves the token's generation embedding (generation_embeddings → generation_aligner), for
+`num_image_tokens` steps. On the engine: the LM is the decoder, the generation head the head, the pad copy
+the request's guidance twin (`ARInputs.guidance`, stages/ar/guidance.py: the engine combines the logits the
+same way), and the post-sample hook (`janus_image_embeds`) feeds the generation embedding back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from omnistage.stages.ar.attention import ATTENTION_NAME
+from omnistage.stages.ar.loader import LoadedModel
+from omnistage.stages.ar.post_sample import PostSample, SampledStep
+
+
+@dataclasses.dataclass
+class JanusModel(LoadedModel):
+    """The AR engine's parts, and the model the hook and the input processor read."""
+
+    janus: nn.Module | None = None  # JanusForConditionalGeneration
+    ids: dict[str, int] = dataclasses.field(default_factory=dict)  # bos, boi, pad
+    num_image_tokens: int = 0
+    guidance_scale: float = 5.0
+
+
+def load_janus(model_dir: str, dtype: torch.dtype, device: str) -> JanusModel:
+    """The AR engine's `model_loader` for a Janus checkpoint directory (`from_pretrained`)."""
+    from transformers import AutoTokenizer, JanusForConditionalGeneration
+
+    janus = JanusForConditionalGeneration.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+    lm = janus.model.language_model
+    lm.config._attn_implementation = ATTENTION_NAME  # the engine's decoder attends through the paged cache
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    gen = janus.generation_config
+    ids = {
+        "bos": int(gen.bos_token_id),
+        "boi": int(tokenizer.convert_tokens_to_ids("<begin_of_image>")),
+        "pad": int(gen.pad_token_id),
+    }
+    model = janus.model
+    return JanusModel(
+        embed=lm.get_input_embeddings(),
+        decoder=lm,
+        head=model.generation_head,
+        config=lm.config,
+        tokenizer=tokenizer,
+        eos_token_ids=[],  # an image is num_image_tokens tokens, no end marker
+        root=janus,
+        step_modules=[model.generation_embeddings, model.generation_aligner],
+        janus=janus,
+        ids=ids,
+        num_image_tokens=int(model.vision_model.config.num_image_tokens),
+        guidance_scale=float(getattr(gen, "guidance_scale", None) or 5.0),
+    )
+
+
+def janus_image_embeds(model: JanusModel, step: SampledStep) -> PostSample:
+    """Post-sample hook: each sampled image token's generation embedding, fed to the next step."""
+    embeds = model.janus.prepare_embeddings_for_image_generation(step.token_ids[:, None])[:, 0]
+    return PostSample(next_embeds=embeds)
+
+
+def image_prompt(model: JanusModel, text: str) -> tuple[list[int], list[int]]:
+    """The prompt `generate` reads for `text` (BOS, the chat turn, the image-start marker) and its
+    unconditional copy (every other token a pad)."""
+    tokenizer = model.tokenizer
+    turn = tokenizer.encode(f"<|User|>: {text}\n\n<|Assistant|>:", add_special_tokens=False)
+    ids = [model.ids["bos"], *turn, model.ids["boi"]]
+    keep = {model.ids["bos"], model.ids["boi"]}
+    return ids, [t if t in keep else model.ids["pad"] for t in ids]

@@ -1,0 +1,126 @@
+"""Janus-Pro: text → the LM's image tokens (AR with classifier-free guidance, decoder.py) → the VQ-VAE's
+image (the render stage).
+
+Stage 0 writes `num_image_tokens` image tokens as `generate(generation_mode="image")` does: each from the
+generation head's guided logits (the checkpoint's guidance scale, 5), sampled with the request's sampling
+parameters (the checkpoint samples at temperature 1; `top_k: 1` is its greedy image). Stage 1, on the
+generation engine, renders them in one pass (`decode_image_tokens`, then to 8-bit RGB as the image
+processor's `postprocess` does it: unnormalized with its mean and std, scaled to 255, clipped, truncated).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator as Steps
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import torch
+
+from omnistage.config.capabilities import Capabilities
+from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
+from omnistage.errors import InvalidRequestError
+from omnistage.outputs import TokenCounts
+from omnistage.prompts import prompt_text
+from omnistage.stages.base import EngineContext, StageInputContext, StageRequest
+from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine, one_unit
+from omnistage.stages.generation.generation_inputs import GenerationInputs
+
+HERE = Path(__file__).parent
+FAMILY = f"{__package__}:register"  # omnistage/families/registry.py
+_MODELS = "omnistage.families.janus"
+
+
+def image_input(ctx: StageInputContext) -> StageRequest:
+    """A prompt → the LM's image prompt and its unconditional twin; exactly `num_image_tokens` tokens."""
+    from omnistage.families.janus.decoder import image_prompt
+    from omnistage.stages.ar.ar_inputs import ARInputs
+    from omnistage.stages.ar.guidance import Guidance
+
+    loaded = ctx.resources
+    text = prompt_text(ctx.prompt)
+    if not text.strip():
+        raise InvalidRequestError("prompt must not be empty", param="prompt")
+    params = ctx.params
+    if int(getattr(params, "n", 1) or 1) != 1:
+        raise InvalidRequestError("n: Janus renders one image a request here", param="n")
+    ids, unconditional = image_prompt(loaded, text)
+    tokens = loaded.num_image_tokens
+    params = msgspec.structs.replace(params, max_tokens=tokens, min_tokens=tokens, ignore_eos=True)
+    inputs = ARInputs(guidance=Guidance(loaded.guidance_scale, prompt_token_ids=unconditional))
+    counts = TokenCounts(input_text_tokens=len(ids))
+    return StageRequest(ctx.request_id, prompt=ids, params=params, inputs=inputs, token_counts=counts)
+
+
+def render_input(ctx: StageInputContext) -> StageRequest:
+    """Full handoff: the request's image tokens, rendered at once."""
+    tokens = torch.tensor(ctx.upstream[0].token_ids, dtype=torch.long)
+    return StageRequest(ctx.request_id, params=ctx.params, inputs=GenerationInputs(tokens))
+
+
+def to_rgb(pixels: torch.Tensor, processor: Any) -> torch.Tensor:
+    """Decoded pixels [N, H, W, 3] → uint8, as `JanusImageProcessor.postprocess` makes them."""
+    mean = torch.tensor(processor.image_mean, dtype=torch.float32)
+    std = torch.tensor(processor.image_std, dtype=torch.float32)
+    scaled = (pixels.float().cpu() * std + mean) * (1.0 / processor.rescale_factor)
+    return scaled.clip(0, 255).to(torch.uint8)
+
+
+class JanusRender:
+    """The generation engine's generator for stage 1: a window of image tokens [T] → its image
+    [1, H, W, 3] uint8 (`decode_image_tokens`, `to_rgb`)."""
+
+    outputs_per_frame, sample_rate, emits_spans = 1, None, True
+
+    def __init__(self, model_dir: str, device: str):
+        from transformers import JanusForConditionalGeneration, JanusImageProcessorPil
+
+        janus = JanusForConditionalGeneration.from_pretrained(model_dir).eval()
+        self.vq = janus.model.vqmodel.to(device)  # the rest of the model stays with stage 0
+        self.processor = JanusImageProcessorPil.from_pretrained(model_dir)
+
+    def run(self, batch: GenerationBatch) -> Steps[None, None, list[torch.Tensor]]:
+        return one_unit(lambda: [self.render(w) for w in batch.windows])
+
+    def render(self, tokens: torch.Tensor) -> torch.Tensor:
+        device = next(self.vq.parameters()).device
+        pixels = self.vq.decode(tokens.to(device, torch.long)[None]).permute(0, 2, 3, 1)
+        return to_rgb(pixels, self.processor)
+
+
+def create_render_engine(ctx: EngineContext) -> GenerationEngine:
+    return GenerationEngine(
+        JanusRender(str(ctx.model_dir), ctx.device), max_num_seqs=ctx.deploy.max_num_seqs, output_key="images"
+    )
+
+
+JANUS = PipelineSpec(
+    name="janus",
+    stages=(
+        StageSpec(
+            stage_id=0,
+            name="lm",
+            kind=StageKind.AR,
+            input_processor=image_input,
+            sampling_constraints={"detokenize": False},
+            engine_args={
+                "model_loader": f"{_MODELS}.decoder:load_janus",
+                "post_sample_hook": f"{_MODELS}.decoder:janus_image_embeds",
+            },
+        ),
+        StageSpec(
+            stage_id=1,
+            name="render",
+            kind=StageKind.GENERATION,
+            inputs=(0,),
+            final_output=True,
+            output_modality="image",
+            input_processor=render_input,
+            engine=f"{_MODELS}.pipeline:create_render_engine",
+        ),
+    ),
+    architectures=("JanusForConditionalGeneration",),
+    default_deploy=str(HERE / "janus.yaml"),
+    family=FAMILY,
+    capabilities=Capabilities(routes=("images",), prompt="text", fields={"sampling": (0,)}),
+)
