@@ -94,7 +94,7 @@ def build_stage_params(
         fields: dict[str, Any] = {}
         for group, values in groups.items():
             if values and stage.stage_id in caps.stages_for(group):
-                fields.update(values)
+                fields.update(_as_stage_takes(group, values, stage.kind))
         named = {}
         if stage.stage_id in caps.stages_for("sampling") and route_defaults:
             named = model.default_fields(stage.stage_id)
@@ -115,6 +115,19 @@ def build_stage_params(
             _check_limits(model, stage.stage_id, checked, fields, limits, params)
         result.append({name: getattr(checked, name) for name in fields})
     return result
+
+
+def _as_stage_takes(group: str, values: dict[str, Any], kind: str) -> dict[str, Any]:
+    """A field group as the stage's kind takes it. The image and video routes' generation fields reach an
+    AR stage (an AR→image hybrid writing image tokens) as its `seed` and `n`, the rest in `extra` for its
+    family's input processor to read (and to refuse, naming the field, what the family cannot do)."""
+    if group != "diffusion" or params_class(kind) is not SamplingParams:
+        return values
+    out: dict[str, Any] = {"seed": values["seed"]} if "seed" in values else {}
+    if "num_outputs" in values:
+        out["n"] = values["num_outputs"]
+    rest = {k: v for k, v in values.items() if k not in ("seed", "num_outputs")}
+    return {**out, "extra": rest} if rest else out
 
 
 def _check_limits(

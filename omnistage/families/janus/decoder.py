@@ -28,6 +28,7 @@ class JanusModel(LoadedModel):
     janus: nn.Module | None = None  # JanusForConditionalGeneration
     ids: dict[str, int] = dataclasses.field(default_factory=dict)  # bos, boi, pad
     num_image_tokens: int = 0
+    image_size: int = 384
     guidance_scale: float = 5.0
 
 
@@ -58,6 +59,7 @@ def load_janus(model_dir: str, dtype: torch.dtype, device: str) -> JanusModel:
         janus=janus,
         ids=ids,
         num_image_tokens=int(model.vision_model.config.num_image_tokens),
+        image_size=int(model.vision_model.config.image_size),
         guidance_scale=float(getattr(gen, "guidance_scale", None) or 5.0),
     )
 

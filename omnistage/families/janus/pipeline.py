@@ -31,6 +31,37 @@ FAMILY = f"{__package__}:register"  # omnistage/families/registry.py
 _MODELS = "omnistage.families.janus"
 
 
+# The image routes' fields Janus cannot honour (they reach stage 0 in `SamplingParams.extra`).
+UNSUPPORTED = {
+    "image": "Janus does not edit images",
+    "mask": "Janus does not edit images",
+    "negative_prompt": "Janus guides against an empty prompt, not a negative one",
+    "num_inference_steps": "Janus writes image tokens, it takes no denoising steps",
+    "guidance_scale_2": "Janus has one guidance scale",
+    "true_cfg_scale": "Janus has one guidance scale (guidance_scale)",
+    "num_frames": "Janus renders still images",
+    "fps": "Janus renders still images",
+}
+
+
+def _guidance(loaded: Any, extra: dict[str, Any]) -> float:
+    """The route's image fields checked against the model (its one size; no edits, steps or negative
+    prompt): the guidance scale to use (the checkpoint's unless `guidance_scale` is given)."""
+    for name, why in UNSUPPORTED.items():
+        if extra.get(name) is not None:
+            raise InvalidRequestError(f"{name}: {why}", param=name)
+    size = loaded.image_size
+    for name in ("width", "height"):
+        if extra.get(name) not in (None, size):
+            raise InvalidRequestError(f"size: Janus renders {size}x{size} images", param="size")
+    scale = extra.get("guidance_scale")
+    if scale is None:
+        return loaded.guidance_scale
+    if not 1.0 <= float(scale) <= 20.0:
+        raise InvalidRequestError("guidance_scale: must be within [1, 20]", param="guidance_scale")
+    return float(scale)
+
+
 def image_input(ctx: StageInputContext) -> StageRequest:
     """A prompt → the LM's image prompt and its unconditional twin; exactly `num_image_tokens` tokens."""
     from omnistage.families.janus.decoder import image_prompt
@@ -44,10 +75,11 @@ def image_input(ctx: StageInputContext) -> StageRequest:
     params = ctx.params
     if int(getattr(params, "n", 1) or 1) != 1:
         raise InvalidRequestError("n: Janus renders one image a request here", param="n")
+    scale = _guidance(loaded, dict(getattr(params, "extra", None) or {}))
     ids, unconditional = image_prompt(loaded, text)
     tokens = loaded.num_image_tokens
-    params = msgspec.structs.replace(params, max_tokens=tokens, min_tokens=tokens, ignore_eos=True)
-    inputs = ARInputs(guidance=Guidance(loaded.guidance_scale, prompt_token_ids=unconditional))
+    params = msgspec.structs.replace(params, max_tokens=tokens, min_tokens=tokens, ignore_eos=True, extra={})
+    inputs = ARInputs(guidance=Guidance(scale, prompt_token_ids=unconditional))
     counts = TokenCounts(input_text_tokens=len(ids))
     return StageRequest(ctx.request_id, prompt=ids, params=params, inputs=inputs, token_counts=counts)
 
@@ -122,5 +154,8 @@ JANUS = PipelineSpec(
     architectures=("JanusForConditionalGeneration",),
     default_deploy=str(HERE / "janus.yaml"),
     family=FAMILY,
-    capabilities=Capabilities(routes=("images",), prompt="text", fields={"sampling": (0,)}),
+    # the image routes' fields reach the LM (its seed; size and guidance checked by image_input)
+    capabilities=Capabilities(
+        routes=("images",), prompt="text", fields={"sampling": (0,), "diffusion": (0,)}
+    ),
 )

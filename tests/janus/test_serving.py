@@ -1,0 +1,69 @@
+"""Janus-Pro served by `omnistage serve` (both stages as processes): `/v1/images/generations` through the
+official `openai` client renders the reference's image (greedy tokens through `stage_params`), a seed picks
+the sampled image (the same seed, the same image); fields Janus cannot honour are 400s naming them."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import openai
+import pytest
+import torch
+from openai import OpenAI
+from PIL import Image
+
+from omnistage.families.janus.pipeline import to_rgb
+from omnistage.families.janus.tiny import tiny_janus_dir
+from tests.janus.test_janus import PROMPTS, reference_model, reference_tokens
+from tests.support import speech_family
+
+pytestmark = pytest.mark.engine
+
+dirs, server, http, client = speech_family.module_fixtures(tiny_janus_dir, "janus")
+GREEDY = {"stage_params": [{"top_k": 1}, {}]}
+
+
+def model() -> str:
+    return tiny_janus_dir().name
+
+
+def render(client: OpenAI, **extra) -> np.ndarray:
+    reply = client.images.generate(model=model(), prompt=PROMPTS[0], size="32x32", extra_body=extra)
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(reply.data[0].b64_json))).convert("RGB"))
+
+
+def test_generations_render_the_reference_image(client: OpenAI) -> None:
+    from transformers import AutoTokenizer, JanusImageProcessorPil
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_janus_dir()))
+    turn = tokenizer.encode(f"<|User|>: {PROMPTS[0]}\n\n<|Assistant|>:", add_special_tokens=False)
+    ids = [tokenizer.convert_tokens_to_ids("<|begin_of_sentence|>"), *turn]
+    ids.append(tokenizer.convert_tokens_to_ids("<begin_of_image>"))
+    with torch.inference_mode():
+        pixels = reference_model().decode_image_tokens(torch.tensor([reference_tokens(ids)]))
+    want = to_rgb(pixels, JanusImageProcessorPil.from_pretrained(str(tiny_janus_dir())))[0].numpy()
+    got = render(client, **GREEDY)
+    assert got.shape == (32, 32, 3) and np.abs(got.astype(int) - want.astype(int)).max() <= 1
+    seeded = render(client, seed=3)
+    assert np.array_equal(seeded, render(client, seed=3)) and not np.array_equal(
+        seeded, render(client, seed=4)
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"size": "64x64"}, "size"),
+        ({"n": 2}, "n"),
+        ({"extra_body": {"num_inference_steps": 4}}, "num_inference_steps"),
+        ({"extra_body": {"guidance_scale": 0.5}}, "guidance_scale"),
+        ({"extra_body": {"negative_prompt": "blurry"}}, "negative_prompt"),
+    ],
+)
+def test_fields_janus_cannot_honour_are_400(client: OpenAI, extra: dict, param: str) -> None:
+    fields = {"model": model(), "prompt": PROMPTS[0], "size": "32x32", **extra}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.images.generate(**fields)
+    assert refused.value.status_code == 400 and speech_family.refused_param(refused.value) == param
