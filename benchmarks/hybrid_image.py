@@ -1,0 +1,154 @@
+"""AR→image hybrids against their reference pipelines, in one run: Janus-Pro on a checkpoint with
+Janus-Pro-1B's LM widths and a quarter of its layers (omnistage/families/janus/tiny.py `BENCH`: a 6-layer, 2048-wide Llama,
+384x384 images of 576 tokens from a 16384-entry codebook, the VQ decoder at a quarter of its base width;
+random weights).
+
+The reference (transformers' `JanusForConditionalGeneration`) renders each prompt as the model card does,
+one request at a time on every core: `generate(generation_mode="image")` (its doubled CFG batch, guidance 5)
+then `decode_image_tokens` and the image processor's 8-bit conversion. Both sides pick tokens greedily
+(`do_sample=False` there, `top_k: 1` here), so the images compare. omnistage serves the same prompts through
+`AsyncOmni` on the family's default deployment (LM and render stage each in its own process). Targets
+(issue 57): images per second at concurrency 4 ≥ 2x the reference's; latency at concurrency 1 ≤ 1.1x.
+
+    python benchmarks/hybrid_image.py [--requests 4] [--dtype float32|bfloat16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from omnistage import AsyncOmni, SamplingParams  # noqa: E402
+from omnistage.families.janus.tiny import bench_janus_dir  # noqa: E402
+
+PROMPTS = [
+    "a red fox running through the snowy forest at dawn",
+    "a bowl of fruit on a wooden table, studio photo",
+    "waves crashing on a rocky shore under a stormy sky",
+    "a small robot painting a picture of a city skyline",
+]
+
+
+def reference(model_dir: Path, dtype: str):
+    """One image as the model card renders it, on the prompt omnistage builds for the same text."""
+    from transformers import AutoTokenizer, JanusForConditionalGeneration, JanusImageProcessorPil
+
+    from omnistage.families.janus.pipeline import to_rgb
+
+    model = JanusForConditionalGeneration.from_pretrained(str(model_dir), dtype=getattr(torch, dtype)).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    processor = JanusImageProcessorPil.from_pretrained(str(model_dir))
+    bos = tokenizer.convert_tokens_to_ids("<|begin_of_sentence|>")
+    boi = tokenizer.convert_tokens_to_ids("<begin_of_image>")
+    model.generation_config.generation_kwargs = {"boi_token_id": boi}  # transformers 5.25 drops it on load
+
+    def one(text: str) -> np.ndarray:
+        turn = tokenizer.encode(f"<|User|>: {text}\n\n<|Assistant|>:", add_special_tokens=False)
+        ids = torch.tensor([[bos, *turn, boi]])
+        with torch.inference_mode():
+            tokens = model.generate(
+                ids, attention_mask=torch.ones_like(ids), generation_mode="image", do_sample=False
+            )
+            return to_rgb(model.decode_image_tokens(tokens), processor)[0].numpy()
+
+    return one
+
+
+def run_reference(one, prompts: list[str]) -> dict:
+    one(prompts[0])  # warm-up
+    times, images = [], []
+    for prompt in prompts:
+        began = time.perf_counter()
+        images.append(one(prompt))
+        times.append(time.perf_counter() - began)
+    return {
+        "latency_p50": statistics.median(times),
+        "images_per_s": len(prompts) / sum(times),
+        "images": images,
+    }
+
+
+async def run_omnistage(model_dir: Path, prompts: list[str], concurrency: int, dtype: str) -> dict:
+    overrides = {"0": {"max_num_seqs": 2 * concurrency, "dtype": dtype}, "1": {"dtype": dtype}}
+    omni = AsyncOmni(str(model_dir), stage_overrides=overrides)
+    params = [SamplingParams(top_k=1), None]
+
+    async def one(prompt: str) -> tuple[float, np.ndarray]:
+        began = time.perf_counter()
+        async for out in omni.generate(prompt, params):
+            if out.finished:
+                if out.error is not None:
+                    raise RuntimeError(out.error)
+                return time.perf_counter() - began, np.asarray(out.images[0])
+        raise RuntimeError("no terminal output")
+
+    try:
+        await one(prompts[0])  # warm-up
+        slots = asyncio.Semaphore(concurrency)
+
+        async def in_a_slot(prompt: str) -> tuple[float, np.ndarray]:
+            async with slots:
+                return await one(prompt)
+
+        started = time.perf_counter()
+        results = await asyncio.gather(*(in_a_slot(p) for p in prompts))
+        wall = time.perf_counter() - started
+    finally:
+        await omni.shutdown()
+    return {
+        "latency_p50": statistics.median(r[0] for r in results),
+        "images_per_s": len(prompts) / wall,
+        "images": [r[1] for r in results],
+    }
+
+
+def max_diff(images: list[np.ndarray], others: list[np.ndarray]) -> int:
+    return max(int(np.abs(a.astype(int) - b.astype(int)).max()) for a, b in zip(images, others, strict=True))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=4, help="images per side (prompts cycle)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="both sides'")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    model_dir = bench_janus_dir(args.dtype)
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.requests)]
+    print(
+        f"Janus bench checkpoint {model_dir} (ready in {time.perf_counter() - started:.0f} s): "
+        f"{args.requests} images of 384x384 (576 tokens); {args.dtype}; {os.cpu_count()} cores; "
+        f"load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
+    torch.set_num_threads(os.cpu_count() or 1)  # the reference on every core
+    ref = run_reference(reference(model_dir, args.dtype), prompts)
+    print(f"reference, one at a time: latency p50 {ref['latency_p50']:.2f} s", flush=True)
+    solo = asyncio.run(run_omnistage(model_dir, prompts, 1, args.dtype))
+    print(f"omnistage c=1: latency p50 {solo['latency_p50']:.2f} s", flush=True)
+    many = asyncio.run(run_omnistage(model_dir, prompts, 4, args.dtype))
+    print(f"\n{'':28} {'latency p50 s':>14} {'images/s':>9}")
+    for name, row in (("reference, one at a time", ref), ("omnistage, c=1", solo), ("omnistage, c=4", many)):
+        print(f"{name:28} {row['latency_p50']:14.2f} {row['images_per_s']:9.4f}")
+    print(
+        f"\nlatency c=1 / reference: {solo['latency_p50'] / ref['latency_p50']:.3f}x (target <= 1.1x)\n"
+        f"images per second c=4 / reference: {many['images_per_s'] / ref['images_per_s']:.2f}x "
+        "(target >= 2x)\n"
+        f"pixels max |omnistage - reference| (0-255): c=1 {max_diff(solo['images'], ref['images'])}, "
+        f"c=4 {max_diff(many['images'], ref['images'])}; load average {os.getloadavg()[0]:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
