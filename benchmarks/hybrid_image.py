@@ -1,7 +1,7 @@
 """AR→image hybrids against their reference pipelines, in one run: Janus-Pro on a checkpoint with
-Janus-Pro-1B's LM widths and a quarter of its layers (omnistage/families/janus/tiny.py `BENCH`: a 6-layer, 2048-wide Llama,
-384x384 images of 576 tokens from a 16384-entry codebook, the VQ decoder at a quarter of its base width;
-random weights).
+Janus-Pro-1B's LM widths and a quarter of its layers (omnistage/families/janus/tiny.py `BENCH`: a 6-layer,
+2048-wide Llama, 384x384 images of 576 tokens from a 16384-entry codebook, the VQ decoder at a quarter of
+its base width; random weights).
 
 The reference (transformers' `JanusForConditionalGeneration`) renders each prompt as the model card does,
 one request at a time on every core: `generate(generation_mode="image")` (its doubled CFG batch, guidance 5)
