@@ -35,6 +35,8 @@ class StartRequest(msgspec.Struct, tag=True):
     prompt: Prompt | None
     params: Params
     upstream: dict[int, StageResult] = {}
+    # an upstream stage's other sequences (a request with n > 1), by stage id, in index order
+    upstream_choices: dict[int, list[StageResult]] = {}
 
 
 class ChunkInput(msgspec.Struct, tag=True):

@@ -333,9 +333,11 @@ class Orchestrator:
             self._fail(rs, exc)
             return
         upstream = {i: rs.results[i] for i in spec.inputs}
+        choices = {i: [r for _, r in sorted(rs.choices[i].items())] for i in spec.inputs if rs.choices.get(i)}
         for src in spec.inputs:
             self._count_edge(src, sid, rs.results[src])
-        self._send(client, rs, StartRequest(rs.request_id, rs.prompt, rs.params.get(sid), upstream))
+        start = StartRequest(rs.request_id, rs.prompt, rs.params.get(sid), upstream, choices)
+        self._send(client, rs, start)
 
     def _send_chunk(self, rs: RequestState, consumer: StageSpec, out: StageOutput) -> None:
         sid = consumer.stage_id

@@ -127,6 +127,7 @@ class StageWorker:
         ctx = StageInputContext(
             msg.request_id, msg.prompt, msg.params, dict(msg.upstream), self.stage, self.resources
         )
+        ctx.upstream_choices = dict(msg.upstream_choices)
         self._add(self.input_processor(ctx))
 
     def _chunk(self, msg: ChunkInput) -> None:

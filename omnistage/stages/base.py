@@ -82,7 +82,8 @@ class StageInputContext:
     """What a stage's input processor (or chunk processor) sees.
 
     `upstream` holds the accumulated results of the stage's input stages (all finished, in full handoff;
-    the producing stage so far, in async-chunk handoff). `state` is per-request scratch that survives
+    the producing stage so far, in async-chunk handoff); `upstream_choices` an input stage's other
+    sequences of a request with n > 1 (index 1 on, full handoff). `state` is per-request scratch that survives
     between chunk-processor calls. `resources` is what the stage's engine lends its processors
     (`engine.input_resources()`: the family's loaded model with its tokenizer and processor, a generator):
     a family's processors read their own model's parts there, never the engine's internals.
@@ -95,6 +96,7 @@ class StageInputContext:
     stage: StageSpec
     resources: Any = None
     state: dict[str, Any] = dataclasses.field(default_factory=dict)
+    upstream_choices: dict[int, list[StageResult]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.prompt is not None:  # typed for every processor, whatever a direct engine user passed

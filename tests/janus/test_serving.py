@@ -52,11 +52,27 @@ def test_generations_render_the_reference_image(client: OpenAI) -> None:
     )
 
 
+def images_of(reply) -> list[np.ndarray]:
+    return [
+        np.asarray(Image.open(io.BytesIO(base64.b64decode(d.b64_json))).convert("RGB")) for d in reply.data
+    ]
+
+
+def test_n_images_a_request(client: OpenAI) -> None:
+    """`n`: that many images, each its own sequence beside its twin: greedy, all the single greedy image;
+    sampled with a seed, two different images."""
+    fields = {"model": model(), "prompt": PROMPTS[0], "size": "32x32"}
+    images = images_of(client.images.generate(**fields, n=3, extra_body=GREEDY))
+    assert len(images) == 3 and all(np.array_equal(render(client, **GREEDY), i) for i in images)
+    two = images_of(client.images.generate(**fields, n=2, extra_body={"seed": 3}))
+    assert len(two) == 2 and not np.array_equal(two[0], two[1])
+
+
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
         ({"size": "64x64"}, "size"),
-        ({"n": 2}, "n"),
+        ({"n": 5}, "n"),
         ({"extra_body": {"num_inference_steps": 4}}, "num_inference_steps"),
         ({"extra_body": {"guidance_scale": 0.5}}, "guidance_scale"),
         ({"extra_body": {"negative_prompt": "blurry"}}, "negative_prompt"),

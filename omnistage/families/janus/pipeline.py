@@ -29,6 +29,7 @@ from omnistage.stages.generation.generation_inputs import GenerationInputs
 HERE = Path(__file__).parent
 FAMILY = f"{__package__}:register"  # omnistage/families/registry.py
 _MODELS = "omnistage.families.janus"
+MAX_IMAGES = 4  # a request's images (each a sequence beside its twin: 8 of stage 0's max_num_seqs)
 
 
 # The image routes' fields Janus cannot honour (they reach stage 0 in `SamplingParams.extra`).
@@ -73,8 +74,8 @@ def image_input(ctx: StageInputContext) -> StageRequest:
     if not text.strip():
         raise InvalidRequestError("prompt must not be empty", param="prompt")
     params = ctx.params
-    if int(getattr(params, "n", 1) or 1) != 1:
-        raise InvalidRequestError("n: Janus renders one image a request here", param="n")
+    if not 1 <= int(getattr(params, "n", 1) or 1) <= MAX_IMAGES:
+        raise InvalidRequestError(f"n: Janus renders 1 to {MAX_IMAGES} images a request", param="n")
     scale = _guidance(loaded, dict(getattr(params, "extra", None) or {}))
     ids, unconditional = image_prompt(loaded, text)
     tokens = loaded.num_image_tokens
@@ -85,8 +86,10 @@ def image_input(ctx: StageInputContext) -> StageRequest:
 
 
 def render_input(ctx: StageInputContext) -> StageRequest:
-    """Full handoff: the request's image tokens, rendered at once."""
-    tokens = torch.tensor(ctx.upstream[0].token_ids, dtype=torch.long)
+    """Full handoff: the request's image tokens (each of its `n` sequences' in index order), rendered at
+    once."""
+    results = [ctx.upstream[0], *ctx.upstream_choices.get(0, [])]
+    tokens = torch.tensor([t for r in results for t in r.token_ids], dtype=torch.long)
     return StageRequest(ctx.request_id, params=ctx.params, inputs=GenerationInputs(tokens))
 
 
@@ -99,8 +102,8 @@ def to_rgb(pixels: torch.Tensor, processor: Any) -> torch.Tensor:
 
 
 class JanusRender:
-    """The generation engine's generator for stage 1: a window of image tokens [T] → its image
-    [1, H, W, 3] uint8 (`decode_image_tokens`, `to_rgb`)."""
+    """The generation engine's generator for stage 1: a window of n images' tokens [n x T] → the images
+    [n, H, W, 3] uint8 (`decode_image_tokens`, `to_rgb`)."""
 
     outputs_per_frame, sample_rate, emits_spans = 1, None, True
 
@@ -109,6 +112,7 @@ class JanusRender:
 
         janus = JanusForConditionalGeneration.from_pretrained(model_dir).eval()
         self.vq = janus.model.vqmodel.to(device)  # the rest of the model stays with stage 0
+        self.tokens = int(janus.model.vision_model.config.num_image_tokens)
         self.processor = JanusImageProcessorPil.from_pretrained(model_dir)
 
     def run(self, batch: GenerationBatch) -> Steps[None, None, list[torch.Tensor]]:
@@ -116,7 +120,8 @@ class JanusRender:
 
     def render(self, tokens: torch.Tensor) -> torch.Tensor:
         device = next(self.vq.parameters()).device
-        pixels = self.vq.decode(tokens.to(device, torch.long)[None]).permute(0, 2, 3, 1)
+        grids = tokens.to(device, torch.long).reshape(-1, self.tokens)
+        pixels = self.vq.decode(grids).permute(0, 2, 3, 1)
         return to_rgb(pixels, self.processor)
 
 
