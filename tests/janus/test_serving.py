@@ -52,6 +52,22 @@ def test_generations_render_the_reference_image(client: OpenAI) -> None:
     )
 
 
+def test_chat_answers_with_the_image(client: OpenAI) -> None:
+    """Chat on a text-to-image model answers with the image as an `image_url` content part (vLLM-Omni's
+    shape): the same image the images route renders."""
+    reply = client.chat.completions.create(
+        model=model(),
+        messages=[{"role": "user", "content": PROMPTS[0]}],
+        extra_body={"modalities": ["image"], **GREEDY},
+    )
+    parts = reply.choices[0].message.content
+    assert isinstance(parts, list) and parts[0]["type"] == "image_url", parts
+    url = parts[0]["image_url"]["url"]
+    assert url.startswith("data:image/png;base64,")
+    image = np.asarray(Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))).convert("RGB"))
+    assert np.array_equal(image, render(client, **GREEDY))
+
+
 def images_of(reply) -> list[np.ndarray]:
     return [
         np.asarray(Image.open(io.BytesIO(base64.b64decode(d.b64_json))).convert("RGB")) for d in reply.data

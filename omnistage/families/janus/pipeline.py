@@ -159,8 +159,9 @@ JANUS = PipelineSpec(
     architectures=("JanusForConditionalGeneration",),
     default_deploy=str(HERE / "janus.yaml"),
     family=FAMILY,
-    # the image routes' fields reach the LM (its seed; size and guidance checked by image_input)
+    # the image routes' (and chat's, answering with the image) fields reach the LM: its seed and n; size and
+    # guidance checked by image_input
     capabilities=Capabilities(
-        routes=("images",), prompt="text", fields={"sampling": (0,), "diffusion": (0,)}
+        routes=("images", "chat"), prompt="text", fields={"sampling": (0,), "diffusion": (0,)}
     ),
 )
