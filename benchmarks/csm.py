@@ -20,18 +20,14 @@ computes it natively, AVX512-BF16 or AMX).
 
 from __future__ import annotations
 
-import argparse
-import gc
-import os
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.tts_against_reference import compare, run_reference  # noqa: E402
+from benchmarks.tts_against_reference import bench_main  # noqa: E402
 from omnistage.families.csm.tiny import bench_csm_dir  # noqa: E402
 from omnistage.prompts import SpeechPrompt  # noqa: E402
 
@@ -74,28 +70,8 @@ def reference(model_dir: Path, frames: int, dtype: str):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--requests", type=int, default=8, help="requests per side (texts cycle)")
-    parser.add_argument("--frames", type=int, default=32, help="frames per request (12.5 a second of audio)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="both sides'")
-    args = parser.parse_args()
-    started = time.perf_counter()
-    model_dir = bench_csm_dir(args.dtype)
-    texts = [TEXTS[i % len(TEXTS)] for i in range(args.requests)]
-    print(
-        f"CSM bench checkpoint {model_dir} (ready in {time.perf_counter() - started:.0f} s): {args.requests} "
-        f"requests of {args.frames} frames ({args.frames / 12.5:.1f} s of audio) each; {args.dtype}; "
-        f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f}",
-        flush=True,
-    )
-    torch.set_num_threads(os.cpu_count() or 1)  # the reference on every core
-    ref = run_reference(reference(model_dir, args.frames, args.dtype), texts, RATE)
-    gc.collect()
-    print(f"reference, one at a time: time to whole waveform p50 {ref['ttfa_p50']:.2f} s", flush=True)
-    prompts = [SpeechPrompt(input=text, speaker=str(SPEAKER)) for text in texts]
-    compare(model_dir, prompts, args.frames, args.dtype, RATE, ref, (0.25, 3))
+    prompt = lambda text: SpeechPrompt(input=text, speaker=str(SPEAKER))  # noqa: E731
+    bench_main(__doc__, "CSM", bench_csm_dir, reference, TEXTS, RATE, (32, "12.5 a second"), prompt)
 
 
 if __name__ == "__main__":

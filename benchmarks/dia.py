@@ -14,20 +14,15 @@ its whole waveform, audio-seconds per second at concurrency 8 ≥ 3x the referen
 
 from __future__ import annotations
 
-import argparse
-import gc
-import os
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.tts_against_reference import compare, run_reference  # noqa: E402
+from benchmarks.tts_against_reference import bench_main  # noqa: E402
 from omnistage.families.dia.tiny import bench_dia_dir  # noqa: E402
-from omnistage.prompts import SpeechPrompt  # noqa: E402
 
 RATE = 44100
 TEXTS = [
@@ -60,36 +55,15 @@ def reference(model_dir: Path, frames: int, dtype: str):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--requests", type=int, default=8, help="requests per side (texts cycle)")
-    parser.add_argument("--frames", type=int, default=129, help="frames per request at most (86 a second)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="both sides'")
-    args = parser.parse_args()
-    started = time.perf_counter()
-    model_dir = bench_dia_dir(args.dtype)
-    texts = [TEXTS[i % len(TEXTS)] for i in range(args.requests)]
-    print(
-        f"Dia bench checkpoint {model_dir} (ready in {time.perf_counter() - started:.0f} s): {args.requests} "
-        f"requests of up to {args.frames} frames; {args.dtype}; {os.cpu_count()} cores; "
-        f"load average {os.getloadavg()[0]:.2f}",
-        flush=True,
-    )
-    torch.set_num_threads(os.cpu_count() or 1)  # the reference on every core
-    ref = run_reference(reference(model_dir, args.frames, args.dtype), texts, RATE)
-    gc.collect()
-    print(f"reference, one at a time: time to whole waveform p50 {ref['ttfa_p50']:.2f} s", flush=True)
-    prompts = [SpeechPrompt(input=t) for t in texts]
     # the guidance's top-k is the request's: the checkpoint's, as the reference reads it
-    compare(
-        model_dir,
-        prompts,
-        args.frames,
-        args.dtype,
+    bench_main(
+        __doc__,
+        "Dia",
+        bench_dia_dir,
+        reference,
+        TEXTS,
         RATE,
-        ref,
-        (0.25, 3),
+        (129, "86 a second"),
         sampling={"top_k": 45},
         rows_per_request=2,
     )

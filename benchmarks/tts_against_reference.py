@@ -138,3 +138,48 @@ def compare(
         f"async chunk c=1 {max_diff(solo['wavs'], ref['wavs']):.2e}, "
         f"c=8 {max_diff(many['wavs'], ref['wavs']):.2e}"
     )
+
+
+def bench_main(
+    doc: str,
+    name: str,
+    bench_dir: Callable[[str], Path],
+    reference: Callable[[Path, int, str], Callable[[Any], torch.Tensor]],
+    texts: list[str],
+    rate: int,
+    frames: tuple[int, str],
+    prompt: Callable[[str], Any] | None = None,
+    **compare_kwargs: Any,
+) -> None:
+    """A TTS family's benchmark: its command line (--requests, --frames, --dtype), its bench checkpoint, the
+    reference one request at a time on every core, then `compare` (targets: first audio ≤ 0.25x the
+    reference's whole waveform, audio-seconds per second at c=8 ≥ 3x). `frames`: the default count and what
+    a frame is; `prompt`: a text's speech prompt (SpeechPrompt(input=text) by default)."""
+    import argparse
+    import gc
+    import os
+
+    from omnistage.prompts import SpeechPrompt
+
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=8, help="requests per side (texts cycle)")
+    parser.add_argument(
+        "--frames", type=int, default=frames[0], help=f"frames per request at most ({frames[1]})"
+    )
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="both sides'")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    model_dir = bench_dir(args.dtype)
+    chosen = [texts[i % len(texts)] for i in range(args.requests)]
+    print(
+        f"{name} bench checkpoint {model_dir} (ready in {time.perf_counter() - started:.0f} s): "
+        f"{args.requests} requests of up to {args.frames} frames; {args.dtype}; {os.cpu_count()} cores; "
+        f"load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
+    torch.set_num_threads(os.cpu_count() or 1)  # the reference on every core
+    ref = run_reference(reference(model_dir, args.frames, args.dtype), chosen, rate)
+    gc.collect()
+    print(f"reference, one at a time: time to whole waveform p50 {ref['ttfa_p50']:.2f} s", flush=True)
+    prompts = [(prompt or (lambda t: SpeechPrompt(input=t)))(t) for t in chosen]
+    compare(model_dir, prompts, args.frames, args.dtype, rate, ref, (0.25, 3), **compare_kwargs)

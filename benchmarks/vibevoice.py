@@ -17,20 +17,15 @@ at concurrency 8 ≥ 3x the reference's.
 
 from __future__ import annotations
 
-import argparse
-import gc
-import os
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.tts_against_reference import compare, run_reference  # noqa: E402
+from benchmarks.tts_against_reference import bench_main  # noqa: E402
 from omnistage.families.vibevoice.tiny import bench_vibevoice_dir  # noqa: E402
-from omnistage.prompts import SpeechPrompt  # noqa: E402
 from tests.vibevoice.reference import reference as reference_call  # noqa: E402  (the tests' noise swap)
 
 RATE = 24000
@@ -74,28 +69,16 @@ def reference(model_dir: Path, frames: int, dtype: str):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    bench_main(
+        __doc__,
+        "VibeVoice",
+        bench_vibevoice_dir,
+        reference,
+        TEXTS,
+        RATE,
+        (40, "0.133 s each"),
+        sampling={"seed": SEED},
     )
-    parser.add_argument("--requests", type=int, default=8, help="requests per side (texts cycle)")
-    parser.add_argument("--frames", type=int, default=40, help="frames per request (0.133 s each)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="both sides'")
-    args = parser.parse_args()
-    started = time.perf_counter()
-    model_dir = bench_vibevoice_dir(args.dtype)
-    texts = [TEXTS[i % len(TEXTS)] for i in range(args.requests)]
-    print(
-        f"VibeVoice bench checkpoint {model_dir} (ready in {time.perf_counter() - started:.0f} s): "
-        f"{args.requests} requests of {args.frames} frames; {args.dtype}; {os.cpu_count()} cores; "
-        f"load average {os.getloadavg()[0]:.2f}",
-        flush=True,
-    )
-    torch.set_num_threads(os.cpu_count() or 1)  # the reference on every core
-    ref = run_reference(reference(model_dir, args.frames, args.dtype), texts, RATE)
-    gc.collect()
-    print(f"reference, one at a time: time to whole waveform p50 {ref['ttfa_p50']:.2f} s", flush=True)
-    prompts = [SpeechPrompt(input=t) for t in texts]
-    compare(model_dir, prompts, args.frames, args.dtype, RATE, ref, (0.25, 3), sampling={"seed": SEED})
 
 
 if __name__ == "__main__":

@@ -10,25 +10,20 @@ serves the same requests through `AsyncOmni` on the family's default deployment 
 own process, async chunk) and streams. Targets (issue 56): time to first audio ≤ 0.25x the reference's time to
 its whole waveform, audio-seconds per second at concurrency 8 ≥ 3x the reference's.
 
-    python benchmarks/voxcpm2.py [--requests 8] [--patches 40] [--dtype float32|bfloat16]
+    python benchmarks/voxcpm2.py [--requests 8] [--frames 40] [--dtype float32|bfloat16]   # frames: patches
 """
 
 from __future__ import annotations
 
-import argparse
-import gc
-import os
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.tts_against_reference import compare, run_reference  # noqa: E402
+from benchmarks.tts_against_reference import bench_main  # noqa: E402
 from omnistage.families.voxcpm2.tiny import bench_voxcpm2_dir  # noqa: E402
-from omnistage.prompts import SpeechPrompt  # noqa: E402
 from tests.voxcpm2.reference import same_noise  # noqa: E402  (the tests' noise swap, shared)
 
 RATE = 48000
@@ -61,28 +56,16 @@ def reference(model_dir: Path, patches: int, dtype: str):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    bench_main(
+        __doc__,
+        "VoxCPM2",
+        bench_voxcpm2_dir,
+        reference,
+        TEXTS,
+        RATE,
+        (40, "patches, 0.16 s each"),
+        sampling={"seed": SEED},
     )
-    parser.add_argument("--requests", type=int, default=8, help="requests per side (texts cycle)")
-    parser.add_argument("--patches", type=int, default=40, help="patches per request at most (0.16 s each)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="both sides'")
-    args = parser.parse_args()
-    started = time.perf_counter()
-    model_dir = bench_voxcpm2_dir(args.dtype)
-    texts = [TEXTS[i % len(TEXTS)] for i in range(args.requests)]
-    print(
-        f"VoxCPM2 bench checkpoint {model_dir} (ready in {time.perf_counter() - started:.0f} s): "
-        f"{args.requests} requests of up to {args.patches} patches; {args.dtype}; {os.cpu_count()} cores; "
-        f"load average {os.getloadavg()[0]:.2f}",
-        flush=True,
-    )
-    torch.set_num_threads(os.cpu_count() or 1)  # the reference on every core
-    ref = run_reference(reference(model_dir, args.patches, args.dtype), texts, RATE)
-    gc.collect()
-    print(f"reference, one at a time: time to whole waveform p50 {ref['ttfa_p50']:.2f} s", flush=True)
-    prompts = [SpeechPrompt(input=t) for t in texts]
-    compare(model_dir, prompts, args.patches, args.dtype, RATE, ref, (0.25, 3), sampling={"seed": SEED})
 
 
 if __name__ == "__main__":
