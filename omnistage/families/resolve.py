@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ class ModelInfo:
 
     @classmethod
     def read(cls, path: str | Path) -> ModelInfo:
-        path = Path(path).expanduser().resolve()
+        path = hub_snapshot(path) or Path(path).expanduser().resolve()
         if not path.exists():
             raise ConfigError(f"model {path} does not exist (omnistage never downloads models)")
         info = cls(path=path)
@@ -58,10 +60,44 @@ def match(spec: PipelineSpec, info: ModelInfo) -> bool:
     return bool(set(info.architectures) & set(spec.architectures))
 
 
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def hub_cache() -> Path:
+    """The local Hugging Face hub cache, as huggingface_hub lays it out: HF_HUB_CACHE, else HF_HOME/hub, else
+    ~/.cache/huggingface/hub (read now, so a test's or a user's environment applies)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+def hub_snapshot(model: str | Path) -> Path | None:
+    """The cached snapshot a hub id ("ORG/NAME") names, without the network (its `refs/main` commit, as
+    `snapshot_download(local_files_only=True)` finds it); None when `model` is no hub id or an existing
+    path. A hub id with nothing in the cache is a ConfigError naming where it looked."""
+    text = str(model)
+    if not _HUB_ID.match(text) or Path(text).expanduser().exists():
+        return None
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    cache = hub_cache()
+    try:
+        return Path(snapshot_download(text, cache_dir=str(cache), local_files_only=True))
+    except LocalEntryNotFoundError:
+        folder = cache / f"models--{text.replace('/', '--')}"
+        raise ConfigError(
+            f"model {text!r} is not a path, and the local Hugging Face cache has no snapshot of it (looked "
+            f"in {folder}); omnistage never downloads models: place the weights there (or pass a directory)"
+        ) from None
+
+
 def model_directory(model: str | Path) -> Path:
-    """The standard model directory `model` stands for: itself, or what a registered source converts it
-    to (e.g. a GGUF file becomes a safetensors directory in the cache)."""
-    path = Path(model).expanduser().resolve()
+    """The standard model directory `model` stands for: itself, a hub id's snapshot in the local Hugging Face
+    cache, or what a registered source converts it to (e.g. a GGUF file becomes a safetensors directory in
+    the cache)."""
+    path = hub_snapshot(model) or Path(model).expanduser().resolve()
     if not path.exists():
         raise ConfigError(f"model {path} does not exist (omnistage never downloads models)")
     for name, source in registry.sources():
