@@ -151,12 +151,17 @@ def _prompt_tokens(out: OmniRequestOutput | None) -> int:
 
 
 def usage_headers(usage: dict[str, Any]) -> dict[str, str]:
+    """Speech usage as response headers, under omnistage's names and vLLM-Omni's (`x-vllm-omni-*`, what
+    scripts and `vllm bench serve --omni` written against it read)."""
+    values = {
+        "input-tokens": usage["input_tokens"],
+        "output-tokens": usage["output_tokens"],
+        "total-tokens": usage["total_tokens"],
+        "input-text-tokens": usage["input_token_details"]["text_tokens"],
+        "input-audio-tokens": usage["input_token_details"]["audio_tokens"],
+    }
     return {
-        "x-omnistage-input-tokens": str(usage["input_tokens"]),
-        "x-omnistage-output-tokens": str(usage["output_tokens"]),
-        "x-omnistage-total-tokens": str(usage["total_tokens"]),
-        "x-omnistage-input-text-tokens": str(usage["input_token_details"]["text_tokens"]),
-        "x-omnistage-input-audio-tokens": str(usage["input_token_details"]["audio_tokens"]),
+        f"x-{prefix}-{name}": str(v) for prefix in ("omnistage", "vllm-omni") for name, v in values.items()
     }
 
 

@@ -60,6 +60,9 @@ def test_speech_in_every_format(client, reference, fmt, content_type):
     )
     assert response.headers["content-type"] == content_type
     assert int(response.headers["x-omnistage-input-tokens"]) > 0
+    for name in ("input-tokens", "output-tokens", "total-tokens", "input-text-tokens", "input-audio-tokens"):
+        # vLLM-Omni's names for the same usage, as its clients read them
+        assert response.headers[f"x-vllm-omni-{name}"] == response.headers[f"x-omnistage-{name}"]
     data = response.http_response.content
     want, rate = expected_pcm(reference)
     if fmt == "pcm":

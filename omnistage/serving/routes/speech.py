@@ -1,8 +1,9 @@
 """POST /v1/audio/speech: text to speech, as a file, a raw audio stream, or SSE events.
 
-Non-streaming answers the encoded file with usage in `x-omnistage-*` headers. `stream_format="audio"`
-sends PCM (or an open-ended WAV) as the stages produce it; SSE sends `speech.audio.delta` events and ends
-with exactly one `speech.audio.done` (with usage) or `speech.audio.error`.
+Non-streaming answers the encoded file with usage in `x-omnistage-*` headers (and vLLM-Omni's
+`x-vllm-omni-*`). `stream_format="audio"` sends PCM (or an open-ended WAV) as the stages produce it; SSE
+sends `speech.audio.delta` events and ends with exactly one `speech.audio.done` (with usage) or
+`speech.audio.error`.
 """
 
 from __future__ import annotations
