@@ -27,6 +27,7 @@ from omnistage.serving.routes import (
     chat,
     completions,
     images,
+    omni_control,
     playground,
     speech,
     speech_batch,
@@ -92,7 +93,7 @@ def create_app(
     install_error_handlers(app, settings.retry_after_s)
     app.include_router(realtime_routes.router)
     routes = (chat, completions, speech, speech_batch, speech_stream, voice_routes, audio_generate)
-    for module in (*routes, transcriptions, images, videos, model_routes):
+    for module in (*routes, transcriptions, images, videos, model_routes, omni_control):
         app.include_router(module.router)
     if settings.playground:
         app.include_router(playground.router)

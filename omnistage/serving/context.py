@@ -29,6 +29,7 @@ class ServerContext:
     videos: VideoJobStore
     voices: Voices
     video_tasks: dict[str, asyncio.Task] = dataclasses.field(default_factory=dict)
+    sleeping: dict[str, set[int]] = dataclasses.field(default_factory=dict)  # model → stage ids asleep
 
 
 async def get_context(request: Request) -> ServerContext:

@@ -127,3 +127,43 @@ llm_schema = schemathesis.openapi.from_dict(llm_openapi()).include(path_regex="^
 def test_real_engine_never_answers_5xx(case, llm_server):
     response = case.call(base_url=llm_server.url, timeout=60)
     assert response.status_code < 500, response.text[:500]
+
+
+def _queued(url: str, name: str) -> float:
+    import httpx
+
+    text = httpx.get(url + "/metrics", timeout=30).text
+    lines = [line for line in text.splitlines() if line.startswith("omnistage_stage_queue_depth{")]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if name in line)
+
+
+def test_omni_sleep_and_wakeup_round_trip_and_hold_requests(llm_server, model_dirs):
+    """vLLM-Omni's control routes: wakeup with nothing asleep is SKIPPED; a slept stage acks; a request sent
+    meanwhile waits at the stage (queued, not failed) and completes after the wake; bad fields are 400s."""
+    import concurrent.futures
+
+    import httpx
+
+    from tests.support.polling import wait_until
+
+    name = model_dirs["qwen2"].name
+    with httpx.Client(base_url=llm_server.url, timeout=120) as http:
+        assert http.post("/v1/omni/wakeup", json={}).json()["status"] == "SKIPPED"
+        slept = http.post("/v1/omni/sleep", json={"model": name, "stage_ids": [0], "level": 2})
+        assert slept.status_code == 200 and slept.json()["status"] == "SUCCESS", slept.text
+        assert [(a["model"], a["stage_id"], a["level"]) for a in slept.json()["acks"]] == [(name, 0, 2)]
+        body = {"model": name, "prompt": "Hello", "max_tokens": 3, "temperature": 0}
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(http.post, "/v1/completions", json=body)
+            wait_until(
+                lambda: _queued(llm_server.url, name) >= 1, what="the request queued at the sleeping stage"
+            )
+            assert not pending.done()
+            woke = http.post("/v1/omni/wakeup", json={"model": name})
+            assert woke.json()["status"] == "SUCCESS" and woke.json()["acks"][0]["stage_id"] == 0
+            reply = pending.result(timeout=120)
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 3
+        assert http.post("/v1/omni/wakeup", json={"model": name}).json()["status"] == "SKIPPED"
+        for bad, param in (({"stage_ids": [7]}, "stage_ids"), ({"level": 5}, "level")):
+            refused = http.post("/v1/omni/sleep", json=bad)
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == param
