@@ -33,7 +33,12 @@ STAGE_FLAGS = {
 
 
 def add_deploy_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--deploy-config", help="deploy YAML (default: the pipeline's bundled one)")
+    parser.add_argument(
+        "--deploy-config",
+        "--stage-configs-path",  # vLLM-Omni's name for it
+        dest="deploy_config",
+        help="deploy YAML (default: the pipeline's bundled one)",
+    )
     parser.add_argument(
         "--stage-overrides", help='per-stage settings as JSON, e.g. \'{"0": {"max_num_seqs": 4}}\''
     )
@@ -62,7 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command")
 
     serve = sub.add_parser("serve", help="serve models over an OpenAI-compatible HTTP API")
-    serve.add_argument("models", nargs="*", help="model directories (none: the demo set)")
+    serve.add_argument("models", nargs="*", help="model directories or cached hub ids (none: the demo set)")
+    serve.add_argument("--model", action="append", default=[], help="a model, as vLLM's flag (repeatable)")
+    # vLLM-Omni's flags that mean nothing more here: sleep is always available, every model is served as
+    # a stage graph
+    serve.add_argument(
+        "--enable-sleep-mode", action="store_true", help="accepted (sleep is always available)"
+    )
+    serve.add_argument("--omni", action="store_true", help="accepted and ignored (vLLM-Omni's switch)")
     add_server_args(serve)
     add_deploy_args(serve)
 
@@ -112,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from omnistage.serving.server import serve
 
-    models = args.models
+    models = [*args.models, *args.model]
     if not models:
         from omnistage.demo import demo_model_dirs
 

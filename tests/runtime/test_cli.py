@@ -38,3 +38,22 @@ def test_deploy_flags_become_overrides():
 def test_run_needs_prompts_and_output_dir():
     done = subprocess.run([sys.executable, "-m", "omnistage", "run", "m"], capture_output=True, text=True)
     assert done.returncode == 2 and "--prompt" in done.stderr
+
+
+def test_vllm_omni_serve_flags_are_accepted():
+    """The flags vLLM-Omni users type: `--stage-configs-path` is the deploy YAML, `--model` adds a model,
+    `--enable-sleep-mode` and `--omni` are accepted (sleep is always available; every model is a graph)."""
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--model",
+            "org/name",
+            "--stage-configs-path",
+            "deploy.yaml",
+            "--enable-sleep-mode",
+            "--omni",
+        ]
+    )
+    assert args.model == ["org/name"] and args.models == []
+    assert deploy_kwargs(args)["deploy_config"] == "deploy.yaml"
+    assert args.enable_sleep_mode and args.omni
