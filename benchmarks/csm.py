@@ -27,22 +27,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.tts_against_reference import bench_main  # noqa: E402
+from benchmarks.tts_against_reference import TEXTS, bench_main  # noqa: E402
 from omnistage.families.csm.tiny import bench_csm_dir  # noqa: E402
 from omnistage.prompts import SpeechPrompt  # noqa: E402
 
 RATE = 24000
 SPEAKER = 0
-TEXTS = [
-    "The weather is nice today. We could take a walk in the park after lunch.",
-    "Please open the door for me. My hands are full of groceries.",
-    "I would like a cup of coffee, with a little milk and no sugar.",
-    "Turn left at the next corner; the station is on your right.",
-    "Good morning, everyone. Today we will talk about the printing press.",
-    "The train to the city leaves at seven. Be sure to arrive early.",
-    "She opened the window and listened to the rain falling on the roof.",
-    "Thank you for calling. Your order has shipped and should arrive on Friday.",
-]
 
 
 def reference(model_dir: Path, frames: int, dtype: str):

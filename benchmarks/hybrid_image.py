@@ -43,18 +43,18 @@ def reference(model_dir: Path, dtype: str):
     """One image as the model card renders it, on the prompt omnistage builds for the same text."""
     from transformers import AutoTokenizer, JanusForConditionalGeneration, JanusImageProcessorPil
 
+    from omnistage.families.janus.decoder import image_prompt, marker_ids
     from omnistage.families.janus.pipeline import to_rgb
 
     model = JanusForConditionalGeneration.from_pretrained(str(model_dir), dtype=getattr(torch, dtype)).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     processor = JanusImageProcessorPil.from_pretrained(str(model_dir))
-    bos = tokenizer.convert_tokens_to_ids("<|begin_of_sentence|>")
-    boi = tokenizer.convert_tokens_to_ids("<begin_of_image>")
-    model.generation_config.generation_kwargs = {"boi_token_id": boi}  # transformers 5.25 drops it on load
+    markers = marker_ids(tokenizer, model.generation_config)
+    # transformers 5.25 drops the saved image-start id on load
+    model.generation_config.generation_kwargs = {"boi_token_id": markers["boi"]}
 
     def one(text: str) -> np.ndarray:
-        turn = tokenizer.encode(f"<|User|>: {text}\n\n<|Assistant|>:", add_special_tokens=False)
-        ids = torch.tensor([[bos, *turn, boi]])
+        ids = torch.tensor([image_prompt(tokenizer, markers, text)[0]])
         with torch.inference_mode():
             tokens = model.generate(
                 ids, attention_mask=torch.ones_like(ids), generation_mode="image", do_sample=False

@@ -37,6 +37,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the reference's worker and venv helpers live with the family's tests
 
+from benchmarks.tts_against_reference import TEXTS  # noqa: E402
 from omnistage import AsyncOmni, SamplingParams  # noqa: E402
 from omnistage.cache import cached_dir  # noqa: E402
 from tests.qwen3_tts.reference_outputs import STAMP, WORKER, call_reference, reference_venv  # noqa: E402
@@ -44,16 +45,6 @@ from tests.qwen3_tts.reference_outputs import STAMP, WORKER, call_reference, ref
 RATE = 24000
 SPEAKER, LANGUAGE = "ryan", "English"
 CODEBOOK, EOS = 2048, 2150
-TEXTS = [
-    "The weather is nice today. We could take a walk in the park after lunch.",
-    "Please open the door for me. My hands are full of groceries.",
-    "I would like a cup of coffee, with a little milk and no sugar.",
-    "Turn left at the next corner; the station is on your right.",
-    "Good morning, everyone. Today we will talk about the printing press.",
-    "The train to the city leaves at seven. Be sure to arrive early.",
-    "She opened the window and listened to the rain falling on the roof.",
-    "Thank you for calling. Your order has shipped and should arrive on Friday.",
-]
 
 
 def bench_dir() -> Path:

@@ -16,6 +16,18 @@ import torch
 
 from omnistage import AsyncOmni, SamplingParams
 
+# The texts the TTS benchmarks speak (one speaker each; a family with speaker tags marks them its way)
+TEXTS = [
+    "The weather is nice today. We could take a walk in the park after lunch.",
+    "Please open the door for me. My hands are full of groceries.",
+    "I would like a cup of coffee, with a little milk and no sugar.",
+    "Turn left at the next corner; the station is on your right.",
+    "Good morning, everyone. Today we will talk about the printing press.",
+    "The train to the city leaves at seven. Be sure to arrive early.",
+    "She opened the window and listened to the rain falling on the roof.",
+    "Thank you for calling. Your order has shipped and should arrive on Friday.",
+]
+
 
 async def run_omnistage(
     model_dir: Path,

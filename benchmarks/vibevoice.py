@@ -47,19 +47,14 @@ def reference(model_dir: Path, frames: int, dtype: str):
     omnistage builds for the same script."""
     from transformers import AutoTokenizer, VibeVoiceForConditionalGeneration
 
+    from omnistage.families.vibevoice.decoder import marker_ids
     from omnistage.families.vibevoice.prompt import parse_script, prompt_ids
 
     model = VibeVoiceForConditionalGeneration.from_pretrained(
         str(model_dir), dtype=getattr(torch, dtype)
     ).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    config = model.config
-    ids = {
-        "eos": config.eos_token_id,
-        "bos": config.audio_bos_token_id,
-        "end": config.audio_eos_token_id,
-        "token": config.audio_token_id,
-    }
+    ids = marker_ids(model.config)
 
     def one(text: str) -> torch.Tensor:
         prompt = prompt_ids(tokenizer, parse_script(text), {}, ids)

@@ -23,7 +23,7 @@ from omnistage.config.capabilities import Capabilities
 from omnistage.config.deploy import DeploySpec, resolve_deploy
 from omnistage.config.pipeline import PipelineSpec, register_family
 from omnistage.errors import ConfigError, InvalidRequestError, OverloadedError
-from omnistage.families.resolve import hub_snapshot, resolve_pipeline
+from omnistage.families.resolve import resolve_pipeline
 from omnistage.outputs import OmniRequestOutput
 from omnistage.params import apply_constraints, layer_params, params_class
 from omnistage.prompts import as_prompt
@@ -119,6 +119,7 @@ class _OmniBase:
         startup_timeout: float | None = None,
         **cli_flags: Any,
     ):
+        hub_id = None
         if isinstance(model, PipelineSpec):
             self.pipeline = model
             self.model_dir = str(model_dir) if model_dir else None
@@ -126,11 +127,9 @@ class _OmniBase:
         else:
             self.pipeline, info = resolve_pipeline(model)
             self.model_dir = str(info.path)
-        # served by the name the user gave: a hub id's (its snapshot directory is named by a commit hash)
-        hub = not isinstance(model, PipelineSpec) and hub_snapshot(model) is not None
-        self.model_name = (
-            str(model) if hub else Path(self.model_dir).name if self.model_dir else self.pipeline.name
-        )
+            hub_id = info.hub_id
+        # a hub id serves under the id (its snapshot directory is named by a commit hash)
+        self.model_name = hub_id or (Path(self.model_dir).name if self.model_dir else self.pipeline.name)
         if startup_timeout is not None:  # every stage's deadline, as the --startup-timeout-s flag sets it
             cli_flags["startup_timeout_s"] = startup_timeout
         self.deploy = resolve_deploy(self.pipeline, deploy_config, cli_flags, stage_overrides)

@@ -22,10 +22,11 @@ class ModelInfo:
     path: Path
     config: dict[str, Any] | None = None
     model_index: dict[str, Any] | None = None
+    hub_id: str | None = None  # the hub id ("ORG/NAME") the directory is the cached snapshot of
 
     @classmethod
     def read(cls, path: str | Path) -> ModelInfo:
-        path = hub_snapshot(path) or Path(path).expanduser().resolve()
+        path = Path(path).expanduser().resolve()
         if not path.exists():
             raise ConfigError(f"model {path} does not exist (omnistage never downloads models)")
         info = cls(path=path)
@@ -94,10 +95,9 @@ def hub_snapshot(model: str | Path) -> Path | None:
 
 
 def model_directory(model: str | Path) -> Path:
-    """The standard model directory `model` stands for: itself, a hub id's snapshot in the local Hugging Face
-    cache, or what a registered source converts it to (e.g. a GGUF file becomes a safetensors directory in
-    the cache)."""
-    path = hub_snapshot(model) or Path(model).expanduser().resolve()
+    """The standard model directory `model` stands for: itself, or what a registered source converts it
+    to (e.g. a GGUF file becomes a safetensors directory in the cache)."""
+    path = Path(model).expanduser().resolve()
     if not path.exists():
         raise ConfigError(f"model {path} does not exist (omnistage never downloads models)")
     for name, source in registry.sources():
@@ -109,8 +109,11 @@ def model_directory(model: str | Path) -> Path:
 
 
 def resolve_pipeline(model: str | Path) -> tuple[PipelineSpec, ModelInfo]:
-    """The pipeline that serves `model`, or a ConfigError saying what the directory looked like."""
-    info = ModelInfo.read(model_directory(model))
+    """The pipeline that serves `model` (a path, or a hub id cached locally: `hub_snapshot`), or a
+    ConfigError saying what the directory looked like."""
+    snapshot = hub_snapshot(model)
+    info = ModelInfo.read(model_directory(snapshot or model))
+    info.hub_id = str(model) if snapshot is not None else None
     for spec in registry.pipelines().values():
         if match(spec, info):
             return spec, info

@@ -51,7 +51,7 @@ def reference_tokens(ids: list[int]) -> list[int]:
 
 def request(engine, rid: str, text: str) -> StageRequest:
     loaded = engine.input_resources()
-    ids, unconditional = image_prompt(loaded, text)
+    ids, unconditional = image_prompt(loaded.tokenizer, loaded.ids, text)
     tokens = loaded.num_image_tokens
     params = SamplingParams(top_k=1, max_tokens=tokens, min_tokens=tokens, ignore_eos=True, detokenize=False)
     inputs = ARInputs(guidance=Guidance(loaded.guidance_scale, prompt_token_ids=unconditional))

@@ -14,6 +14,7 @@ import torch
 from openai import OpenAI
 from PIL import Image
 
+from omnistage.families.janus.decoder import image_prompt, marker_ids
 from omnistage.families.janus.pipeline import to_rgb
 from omnistage.families.janus.tiny import tiny_janus_dir
 from tests.janus.test_janus import PROMPTS, reference_model, reference_tokens
@@ -38,9 +39,7 @@ def test_generations_render_the_reference_image(client: OpenAI) -> None:
     from transformers import AutoTokenizer, JanusImageProcessorPil
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_janus_dir()))
-    turn = tokenizer.encode(f"<|User|>: {PROMPTS[0]}\n\n<|Assistant|>:", add_special_tokens=False)
-    ids = [tokenizer.convert_tokens_to_ids("<|begin_of_sentence|>"), *turn]
-    ids.append(tokenizer.convert_tokens_to_ids("<begin_of_image>"))
+    ids, _ = image_prompt(tokenizer, marker_ids(tokenizer, reference_model().generation_config), PROMPTS[0])
     with torch.inference_mode():
         pixels = reference_model().decode_image_tokens(torch.tensor([reference_tokens(ids)]))
     want = to_rgb(pixels, JanusImageProcessorPil.from_pretrained(str(tiny_janus_dir())))[0].numpy()

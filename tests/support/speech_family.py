@@ -1,7 +1,6 @@
 """What the served TTS families' tests share (tests/csm, tests/dia, tests/higgs_audio_v2, tests/voxcpm2,
-tests/vibevoice): a
-server on a voices directory, the 400's `param`, a client that leaves mid-stream, and the checks every
-route and an uploaded voice pass (`Speaker`)."""
+tests/vibevoice; tests/janus its server fixtures): a server on a voices directory, the 400's `param`, a
+client that leaves mid-stream, and the checks every route and an uploaded voice pass (`Speaker`)."""
 
 from __future__ import annotations
 

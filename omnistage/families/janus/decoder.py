@@ -12,6 +12,7 @@ same way), and the post-sample hook (`janus_image_embeds`) feeds the generation 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 from torch import nn
@@ -41,11 +42,7 @@ def load_janus(model_dir: str, dtype: torch.dtype, device: str) -> JanusModel:
     lm.config._attn_implementation = ATTENTION_NAME  # the engine's decoder attends through the paged cache
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     gen = janus.generation_config
-    ids = {
-        "bos": int(gen.bos_token_id),
-        "boi": int(tokenizer.convert_tokens_to_ids("<begin_of_image>")),
-        "pad": int(gen.pad_token_id),
-    }
+    ids = marker_ids(tokenizer, gen)
     model = janus.model
     return JanusModel(
         embed=lm.get_input_embeddings(),
@@ -70,11 +67,20 @@ def janus_image_embeds(model: JanusModel, step: SampledStep) -> PostSample:
     return PostSample(next_embeds=embeds)
 
 
-def image_prompt(model: JanusModel, text: str) -> tuple[list[int], list[int]]:
-    """The prompt `generate` reads for `text` (BOS, the chat turn, the image-start marker) and its
-    unconditional copy (every other token a pad)."""
-    tokenizer = model.tokenizer
+def marker_ids(tokenizer: Any, generation_config: Any) -> dict[str, int]:
+    """BOS, the image-start marker and the pad, as `generate` reads them (the marker from the tokenizer:
+    transformers 5.25 drops the saved `generation_kwargs` that name it)."""
+    return {
+        "bos": int(generation_config.bos_token_id),
+        "boi": int(tokenizer.convert_tokens_to_ids("<begin_of_image>")),
+        "pad": int(generation_config.pad_token_id),
+    }
+
+
+def image_prompt(tokenizer: Any, ids: dict[str, int], text: str) -> tuple[list[int], list[int]]:
+    """The prompt `generate` reads for `text` (BOS, the chat turn, the image-start marker; `ids`:
+    `marker_ids`) and its unconditional copy (every other token a pad)."""
     turn = tokenizer.encode(f"<|User|>: {text}\n\n<|Assistant|>:", add_special_tokens=False)
-    ids = [model.ids["bos"], *turn, model.ids["boi"]]
-    keep = {model.ids["bos"], model.ids["boi"]}
-    return ids, [t if t in keep else model.ids["pad"] for t in ids]
+    prompt = [ids["bos"], *turn, ids["boi"]]
+    keep = {ids["bos"], ids["boi"]}
+    return prompt, [t if t in keep else ids["pad"] for t in prompt]

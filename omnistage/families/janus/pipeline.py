@@ -77,7 +77,7 @@ def image_input(ctx: StageInputContext) -> StageRequest:
     if not 1 <= int(getattr(params, "n", 1) or 1) <= MAX_IMAGES:
         raise InvalidRequestError(f"n: Janus renders 1 to {MAX_IMAGES} images a request", param="n")
     scale = _guidance(loaded, dict(getattr(params, "extra", None) or {}))
-    ids, unconditional = image_prompt(loaded, text)
+    ids, unconditional = image_prompt(loaded.tokenizer, loaded.ids, text)
     tokens = loaded.num_image_tokens
     params = msgspec.structs.replace(params, max_tokens=tokens, min_tokens=tokens, ignore_eos=True, extra={})
     inputs = ARInputs(guidance=Guidance(scale, prompt_token_ids=unconditional))

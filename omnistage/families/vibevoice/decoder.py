@@ -90,6 +90,17 @@ class VibeModel(LoadedModel):
         return int(self.vibe.config.audio_config.hidden_size)
 
 
+def marker_ids(config: Any) -> dict[str, int]:
+    """The four tokens VibeVoice decodes, by role: end of speech, a new segment, a segment's end, another
+    frame (a `VibeVoiceConfig`'s ids)."""
+    return {
+        "eos": int(config.eos_token_id),
+        "bos": int(config.audio_bos_token_id),
+        "end": int(config.audio_eos_token_id),
+        "token": int(config.audio_token_id),
+    }
+
+
 def load_vibevoice(model_dir: str, dtype: torch.dtype, device: str) -> VibeModel:
     """The AR engine's `model_loader` for a VibeVoice checkpoint directory (`from_pretrained`)."""
     from transformers import AutoTokenizer, VibeVoiceForConditionalGeneration
@@ -98,12 +109,7 @@ def load_vibevoice(model_dir: str, dtype: torch.dtype, device: str) -> VibeModel
     lm = vibe.model.language_model
     lm.config._attn_implementation = ATTENTION_NAME  # the engine's decoder attends through the paged cache
     config = vibe.config
-    ids = {
-        "eos": int(config.eos_token_id),
-        "bos": int(config.audio_bos_token_id),
-        "end": int(config.audio_eos_token_id),
-        "token": int(config.audio_token_id),
-    }
+    ids = marker_ids(config)
     text = config.text_config
     model = vibe.model
     return VibeModel(
@@ -173,18 +179,14 @@ def _negative_step(
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         keys = k.new_zeros(rows, k.shape[1], longest, attn.head_dim)
         values = torch.zeros_like(keys)
-        for i, state in enumerate(states):
-            if lengths[i]:
+        keys[:, :, -1:], values[:, :, -1:] = k, v
+        for i, (state, n) in enumerate(zip(states, lengths, strict=True)):
+            row_k, row_v = k[i], v[i]  # [kv_heads, 1, head_dim]
+            if n:
                 past_k, past_v = state.negative_kv[index]
-                keys[i, :, : lengths[i]] = past_k
-                values[i, :, : lengths[i]] = past_v
-            new_k, new_v = k[i, :, 0][:, None], v[i, :, 0][:, None]
-            keys[i, :, -1:] = new_k
-            values[i, :, -1:] = new_v
-            if lengths[i]:
-                past_k, past_v = state.negative_kv[index]
-                new_k, new_v = torch.cat((past_k, new_k), 1), torch.cat((past_v, new_v), 1)
-            out_kv[i].append((new_k, new_v))
+                keys[i, :, :n], values[i, :, :n] = past_k, past_v
+                row_k, row_v = torch.cat((past_k, row_k), 1), torch.cat((past_v, row_v), 1)
+            out_kv[i].append((row_k, row_v))
         o = nn.functional.scaled_dot_product_attention(
             q, keys, values, attn_mask=mask, scale=attn.scaling, enable_gqa=True
         )
