@@ -38,6 +38,7 @@ FAMILIES = (
     "omnistage.families.voxcpm2",
     "omnistage.families.vibevoice",
     "omnistage.families.janus",
+    "omnistage.families.glm_image",
     "omnistage.families.whisper",
     "omnistage.families.hibari",
     "omnistage.families.wan",

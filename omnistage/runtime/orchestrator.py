@@ -32,7 +32,7 @@ from omnistage.connectors.shm import ShmConnector, live_segments, sweep_stale_se
 from omnistage.connectors.shm import release as release_segment
 from omnistage.connectors.tcp import drop, fetch, is_tcp_key
 from omnistage.errors import OmniError, StageDeadError, StageError, StartupTimeoutError
-from omnistage.outputs import StageOutput, StageResult
+from omnistage.outputs import OmniRequestOutput, StageOutput, StageResult
 from omnistage.runtime.messages import (
     Abort,
     Call,
@@ -418,9 +418,15 @@ class Orchestrator:
             self._finish(rs, RequestStatus.ABORTED, rs.final_output(reason="abort"))
 
     def _fail(self, rs: RequestState, error: OmniError) -> None:
-        if not rs.terminal:
-            self.requests.setdefault(rs.request_id, rs)
-            self._finish(rs, RequestStatus.FAILED, rs.final_output(error=error, reason="error"))
+        if rs.terminal:
+            return
+        self.requests.setdefault(rs.request_id, rs)
+        try:
+            final = rs.final_output(error=error, reason="error")
+        except Exception:  # what it produced so far cannot be assembled: the error alone still ends it
+            logger.exception("assembling the output of failed request %s failed", rs.request_id)
+            final = OmniRequestOutput(rs.request_id, finished=True, error=error, finish_reason="error")
+        self._finish(rs, RequestStatus.FAILED, final)
 
     def _finish(self, rs: RequestState, status: RequestStatus, final: Any) -> None:
         """The single exit of every request: tell stages that still hold it, free its payloads, report."""

@@ -186,12 +186,15 @@ class RequestState:
 
 
 def images_from_tensor(value: Any) -> list[Any]:
-    """uint8 [N, H, W, C] (or [H, W, C]) → PIL images."""
+    """uint8 [N, H, W, C] (or [H, W, C]) → PIL images; float ones (`output_format: "tensor"`) stay
+    tensors, one [H, W, C] an image."""
     from PIL import Image
 
     if isinstance(value, list):
         return value
+    if value.ndim == 3:
+        value = value[None]
+    if isinstance(value, torch.Tensor) and value.dtype != torch.uint8:
+        return list(value)
     array = value.numpy() if isinstance(value, torch.Tensor) else value
-    if array.ndim == 3:
-        array = array[None]
     return [Image.fromarray(a) for a in array]

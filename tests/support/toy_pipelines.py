@@ -134,7 +134,8 @@ class ToyDenoiser(nn.Module):
 
 class ToyDiffusionEngine:
     """Step-wise denoising of seeded latents; progress every step; images or video at the end.
-    engine_args: video (bool), gate_dir. A prompt containing FAIL fails that request only."""
+    engine_args: video (bool), gate_dir. A prompt containing FAIL fails that request only; one containing
+    MALFORMED sends a first image whose shape its final one does not share (outputs that cannot be joined)."""
 
     def __init__(self, ctx: EngineContext):
         self.model = ToyDenoiser().eval()
@@ -158,6 +159,7 @@ class ToyDiffusionEngine:
             "outputs": p.num_outputs,
             "fps": p.fps or 8,
             "fail": "FAIL" in str(plain(request.prompt)),
+            "malformed": "MALFORMED" in str(plain(request.prompt)),
             "gate": gate_of(request.prompt),
         }
 
@@ -190,6 +192,8 @@ class ToyDiffusionEngine:
             elif req["step"] < req["total"]:
                 outs.append(StageOutput(rid, progress=progress))
             else:
+                if req["malformed"]:
+                    outs.append(StageOutput(rid, images=torch.zeros(1, 2, 2, 3, dtype=torch.uint8)))
                 outs.append(self._decode(rid, req, progress))
             if req["step"] >= req["total"]:
                 del self.requests[rid]

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from omnistage.errors import InvalidRequestError, OmniError
 from omnistage.media import encode_image, encode_video
-from omnistage.outputs import OmniRequestOutput
+from omnistage.outputs import OmniRequestOutput, Progress
 from omnistage.serving.artifacts import audio_of, fps_of, images_of, sample_rate_of, videos_of
 from omnistage.serving.chat_prompt import ChatPrompt, build_chat_prompt
 from omnistage.serving.context import ServerContext, get_context
@@ -223,24 +223,26 @@ class _Reply:
         modality: str,
         finish_reason: str | None = None,
         logprobs: list[Any] | None = None,
+        progress: Progress | None = None,
     ) -> str:
-        return sse(
-            {
-                "id": self.id,
-                "object": "chat.completion.chunk",
-                "created": self.created,
-                "model": self.model,
-                "modality": modality,
-                "choices": [
-                    {
-                        "index": index,
-                        "delta": delta,
-                        "logprobs": self._logprobs(logprobs) if logprobs else None,
-                        "finish_reason": finish_reason,
-                    }
-                ],
-            }
-        )
+        body = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "modality": modality,
+            "choices": [
+                {
+                    "index": index,
+                    "delta": delta,
+                    "logprobs": self._logprobs(logprobs) if logprobs else None,
+                    "finish_reason": finish_reason,
+                }
+            ],
+        }
+        if progress is not None:  # a multi-step answer (an image's denoising steps) on its way
+            body["progress"] = {"step": progress.step, "total": progress.total}
+        return sse(body)
 
     def usage_chunk(self, outputs: list[OmniRequestOutput]) -> str:
         body = {
@@ -271,12 +273,16 @@ async def _stream_events(
 ) -> AsyncIterator[str]:
     finals: list[OmniRequestOutput | None] = [None] * len(streams)
     logprobs_sent = [0] * len(streams)
+    progressed: list[Progress | None] = [None] * len(streams)
     for index in range(len(streams)):
         yield reply.chunk(index, {"role": "assistant", "content": ""}, "text")
     try:
         async for index, out in merge(streams):
             if out.error is not None:
                 raise out.error
+            if out.progress is not None and out.progress != progressed[index]:
+                progressed[index] = out.progress
+                yield reply.chunk(index, {}, out.modality or "image", progress=out.progress)
             for event in _delta_events(reply, index, out):
                 yield event
             logprobs_sent[index] += len(out.delta_logprobs)

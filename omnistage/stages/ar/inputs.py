@@ -200,10 +200,10 @@ def _positions(value: Any, prompt_len: int, rules: InputRules) -> torch.Tensor |
     if positions.ndim == 1:
         positions = positions[None]
     rows = positions.shape[0]
-    if positions.ndim != 2 or positions.shape[1] != prompt_len or rows not in (1, rules.position_rows):
+    if positions.ndim != 2 or positions.shape[1] < prompt_len or rows not in (1, rules.position_rows):
         raise InvalidRequestError(
-            f"position_ids must have shape [{prompt_len}] or [{rules.position_rows}, {prompt_len}], "
-            f"got {list(positions.shape)}",
+            f"position_ids must have shape [{prompt_len}] or [{rules.position_rows}, {prompt_len}] (or more "
+            f"columns, for generated tokens), got {list(positions.shape)}",
             param="position_ids",
         )
     return positions.expand(rules.position_rows, -1).contiguous()

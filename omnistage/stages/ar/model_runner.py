@@ -4,8 +4,8 @@ rows that pick a next token.
 
 Inputs beyond plain token ids, for models whose stages feed each other (thinker → talker):
 - `ARRequest.prompt_embeds` rows replace the token-embedding lookup for the prompt;
-- `ARRequest.positions` (1 or 3 rows, multimodal RoPE) position the prompt, and generated token i sits at
-  i + rope_delta on every row;
+- `ARRequest.positions` (1 or 3 rows, multimodal RoPE) position the prompt (and the first generated tokens,
+  where a family plans their layout), and a generated token i past them sits at i + rope_delta on every row;
 - a generated token's embedding is the one the post-sample hook made for it, where it made one
   (`Sequence.fed_embeds`, post_sample.py), else its token embedding;
 - the engine's step hook `hook(request_inputs, step, embed) -> embed` adjusts the embedding of each
@@ -160,9 +160,9 @@ class ModelRunner:
             if given is None:
                 parts.append(torch.arange(start, end).expand(self.position_rows, -1))
                 continue
-            prompt_len = given.shape[1]
-            head = given[:, start : min(end, prompt_len)]
-            tail = torch.arange(max(start, prompt_len), end) + seq.request.rope_delta
+            planned = given.shape[1]  # the prompt's, and any planned for generated tokens
+            head = given[:, start : min(end, planned)]
+            tail = torch.arange(min(max(start, planned), end), end) + seq.request.rope_delta
             parts.append(torch.cat([head, tail.expand(given.shape[0], -1)], dim=1))
         positions = torch.cat(parts, dim=1).to(self.device)
         return positions[:, None, :] if self.position_rows == 3 else positions

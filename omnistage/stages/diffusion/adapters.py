@@ -348,6 +348,11 @@ class StepAdapter(PipelineAdapter):
             branches.append({**common, **state.uncond})
         return branches
 
+    def forward_groups(self, inputs: list[dict[str, Any]]) -> list[list[int]]:
+        """Which branch inputs share a forward (indices into `inputs`): all of them, unless the family's
+        transformer cannot pad what differs between them (e.g. text lengths) without changing results."""
+        return [list(range(len(inputs)))]
+
     def collate(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         """Many branch inputs → one forward's kwargs: tensors concatenated along rows, lists joined."""
         out = {}

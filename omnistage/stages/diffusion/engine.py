@@ -11,7 +11,8 @@ tokens per shared forward; 0 = unlimited; default: 1 on CPU, i.e. one request pe
 accelerator — see `default_token_budget`), cache ({backend, ...} for
 every request), cfg_parallel_size, ulysses_degree, attention_backend, quantization, vae_tiling, vae_slicing,
 offload, offload_group_size, limits ({max_pixels, max_num_frames, max_inference_steps, max_outputs}),
-parallel_timeout_s (how long a parallel rank waits on the others; default 600).
+parallel_timeout_s (how long a parallel rank waits on the others; default 600), skip_components (pipeline
+components this stage never calls, not loaded: an AR→DiT family's AR model, which its own stage runs).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ ENGINE_ARGS = {
     "num_threads",
     "parallel_timeout_s",
     "step_token_budget",
+    "skip_components",
 }
 
 
@@ -203,7 +205,7 @@ class DiffusionEngine:
         images = [media.decode_image(i) for i in (params.image or images)]
         params = self.runner.resolve(params, images)
         return DiffusionRequest(
-            request.request_id, prompt, params, images, request.priority, request.arrival_time
+            request.request_id, prompt, params, images, request.priority, request.arrival_time, request.inputs
         )
 
     def _with_stage_defaults(self, params: DiffusionParams) -> DiffusionParams:
@@ -296,6 +298,7 @@ class DiffusionEngine:
             data={"seed": p.seed, "output_format": p.output_format},
             finished=True,
             finish_reason="stop",
+            progress=Progress(req.num_steps, req.num_steps),  # every step done
         )
         if self.adapter.modality == "audio":
             audio = result.float()

@@ -57,9 +57,15 @@ class LocalExecutor:
     def forward_local(
         self, model_name: str, inputs: list[dict[str, Any]], adapter: Any
     ) -> list[torch.Tensor]:
-        """One forward over `inputs` (concatenated by the step adapter), split back per input."""
-        out = run_model(getattr(self.pipe, model_name), adapter.collate(inputs))
-        return list(out.split(_rows(inputs, adapter.latent_input)))
+        """One forward per group of `inputs` that can share one (the step adapter's `forward_groups`; all of
+        them for most families), concatenated by the step adapter and split back per input."""
+        module, outs = getattr(self.pipe, model_name), [None] * len(inputs)
+        for group in adapter.forward_groups(inputs):
+            members = [inputs[i] for i in group]
+            out = run_model(module, adapter.collate(members))
+            for i, part in zip(group, out.split(_rows(members, adapter.latent_input)), strict=True):
+                outs[i] = part
+        return outs
 
     def forward(
         self, model_name: str, cond: list[dict[str, Any]], uncond: list[dict[str, Any]], adapter: Any

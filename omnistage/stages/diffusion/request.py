@@ -53,6 +53,9 @@ class DiffusionRequest:
     images: list[Any] = dataclasses.field(default_factory=list)
     priority: int = 0
     arrival_time: float = dataclasses.field(default_factory=time.monotonic)
+    # What an upstream stage hands the family's step adapter (the StageRequest's `inputs`: GLM-Image's
+    # prior tokens from its AR stage); None for a request that starts here.
+    inputs: Any = None
     state: StepState | None = None
     started_at: float | None = None
     timings: dict[str, float] = dataclasses.field(default_factory=dict)

@@ -23,14 +23,17 @@ logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def load_pipeline(model_dir: str, dtype: str = "auto", device: str = "cpu") -> Any:
-    """A diffusers pipeline from a local directory (`model_index.json`); never downloads. The cross-attentions
-    whose processor a family registered a padding-collapsing one for run on collapsed prompt padding
-    (`text_padding`)."""
+def load_pipeline(
+    model_dir: str, dtype: str = "auto", device: str = "cpu", skip: tuple[str, ...] = ()
+) -> Any:
+    """A diffusers pipeline from a local directory (`model_index.json`); never downloads. Components in `skip`
+    are not loaded (None). The cross-attentions whose processor a family registered a padding-collapsing one
+    for run on collapsed prompt padding (`text_padding`)."""
     from diffusers import DiffusionPipeline
 
     torch_dtype = DTYPES.get(dtype, torch.float32 if device == "cpu" else torch.bfloat16)
-    pipe = DiffusionPipeline.from_pretrained(model_dir, dtype=torch_dtype, local_files_only=True)
+    absent = dict.fromkeys(skip)
+    pipe = DiffusionPipeline.from_pretrained(model_dir, dtype=torch_dtype, local_files_only=True, **absent)
     pipe.set_progress_bar_config(disable=True)
     for module in offload.transformers_of(pipe):
         text_padding.install(module)
@@ -47,7 +50,7 @@ class DiffusionRunner:
         modality: str | None = None,
     ):
         self.model_dir = model_dir
-        self.pipe = load_pipeline(model_dir, dtype, device)
+        self.pipe = load_pipeline(model_dir, dtype, device, tuple(engine_args.get("skip_components") or ()))
         offload.apply(self.pipe, engine_args)
         self.adapter: PipelineAdapter = adapter_for(self.pipe, engine_args.get("limits"), modality)
         self.cache = StepCache(self.pipe, engine_args.get("cache"))

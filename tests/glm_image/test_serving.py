@@ -1,0 +1,92 @@
+"""GLM-Image served by `omnistage serve` (AR and DiT stages as processes): `/v1/images/generations` through
+the official `openai` client renders what one `GlmImagePipeline` call renders for the size, steps and seed
+(greedy AR tokens through `stage_params`); `n` images share one AR draw; chat answers with the image; a
+streamed chat reports the DiT's steps as progress before the image; fields GLM-Image cannot honour are 400s
+naming them."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import numpy as np
+import openai
+import pytest
+from openai import OpenAI
+from PIL import Image
+
+from omnistage.families.glm_image.tiny import tiny_glm_image_dir
+from tests.glm_image.test_glm_image import PROMPTS, reference_image
+from tests.support import speech_family
+
+pytestmark = pytest.mark.engine
+
+dirs, server, http, client = speech_family.module_fixtures(tiny_glm_image_dir, "glm-image")
+GREEDY = {"stage_params": [{"top_k": 1}, {}], "num_inference_steps": 3, "seed": 7}
+
+
+def model() -> str:
+    return tiny_glm_image_dir().name
+
+
+def images_of(reply) -> list[np.ndarray]:
+    return [
+        np.asarray(Image.open(io.BytesIO(base64.b64decode(d.b64_json))).convert("RGB")) for d in reply.data
+    ]
+
+
+def test_generations_render_the_reference_image(client: OpenAI) -> None:
+    text = PROMPTS[0][0]
+    reply = client.images.generate(model=model(), prompt=text, size="64x64", n=2, extra_body=GREEDY)
+    got = images_of(reply)
+    want = (reference_image(text, 64, num_images_per_prompt=2) * 255).round().astype(int)
+    assert len(got) == 2 and got[0].shape == (64, 64, 3)
+    for image, expected in zip(got, want, strict=True):
+        assert np.abs(image.astype(int) - expected).max() <= 1
+    assert not np.array_equal(got[0], got[1])  # two latents, one AR draw
+
+
+def test_chat_answers_with_the_image_and_streams_progress(client: OpenAI, http) -> None:
+    text = PROMPTS[1][0]
+    body = {"model": model(), "messages": [{"role": "user", "content": text}], "modalities": ["image"]}
+    reply = client.chat.completions.create(
+        model=body["model"], messages=body["messages"], extra_body={"modalities": ["image"], **GREEDY}
+    )
+    parts = reply.choices[0].message.content
+    assert isinstance(parts, list) and parts[0]["type"] == "image_url", parts
+    image = np.asarray(
+        Image.open(io.BytesIO(base64.b64decode(parts[0]["image_url"]["url"].split(",", 1)[1])))
+    )
+    want = (reference_image(text, 32)[0] * 255).round().astype(int)
+    assert np.abs(image[..., :3].astype(int) - want).max() <= 1
+    events = []
+    with http.stream("POST", "/v1/chat/completions", json={**body, **GREEDY, "stream": True}) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                events.append(json.loads(line[6:]))
+    progress = [(i, e["progress"]) for i, e in enumerate(events) if e.get("progress")]
+    assert [(p["step"], p["total"]) for _, p in progress] == [(1, 3), (2, 3), (3, 3)], events
+    shown = [
+        i
+        for i, e in enumerate(events)
+        if e["modality"] == "image"
+        and str(e["choices"][0]["delta"].get("content")).startswith("data:image/png")
+    ]
+    assert len(shown) == 1 and shown[0] > progress[-1][0], events
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"size": "48x48"}, "size"),
+        ({"extra_body": {"negative_prompt": "blurry"}}, "negative_prompt"),
+        ({"extra_body": {"true_cfg_scale": 4.0}}, "true_cfg_scale"),
+    ],
+)
+def test_fields_glm_image_cannot_honour_are_400(client: OpenAI, extra: dict, param: str) -> None:
+    fields = {"model": model(), "prompt": PROMPTS[0][0], "size": "32x32", **extra}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.images.generate(**fields)
+    assert refused.value.status_code == 400 and speech_family.refused_param(refused.value) == param
