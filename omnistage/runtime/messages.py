@@ -37,6 +37,7 @@ class StartRequest(msgspec.Struct, tag=True):
     upstream: dict[int, StageResult] = {}
     # an upstream stage's other sequences (a request with n > 1), by stage id, in index order
     upstream_choices: dict[int, list[StageResult]] = {}
+    modalities: list[str] = []  # what the request asked the pipeline for (its final stages' outputs)
 
 
 class ChunkInput(msgspec.Struct, tag=True):
@@ -48,6 +49,7 @@ class ChunkInput(msgspec.Struct, tag=True):
     prompt: Prompt | None = None
     params: Params = None
     first: bool = False
+    modalities: list[str] = []  # with the first chunk: what the request asked the pipeline for
 
 
 class Abort(msgspec.Struct, tag=True):

@@ -325,6 +325,9 @@ class Orchestrator:
         rs.started.add(sid)
         return client
 
+    def _modalities(self, rs: RequestState) -> list[str]:
+        return sorted({self.pipeline.stage(sid).output_modality for sid in rs.finals})
+
     def _start_stage(self, rs: RequestState, sid: int) -> None:
         spec = self.pipeline.stage(sid)
         try:
@@ -336,7 +339,9 @@ class Orchestrator:
         choices = {i: [r for _, r in sorted(rs.choices[i].items())] for i in spec.inputs if rs.choices.get(i)}
         for src in spec.inputs:
             self._count_edge(src, sid, rs.results[src])
-        start = StartRequest(rs.request_id, rs.prompt, rs.params.get(sid), upstream, choices)
+        start = StartRequest(
+            rs.request_id, rs.prompt, rs.params.get(sid), upstream, choices, self._modalities(rs)
+        )
         self._send(client, rs, start)
 
     def _send_chunk(self, rs: RequestState, consumer: StageSpec, out: StageOutput) -> None:
@@ -358,6 +363,7 @@ class Orchestrator:
             rs.prompt if first else None,
             rs.params.get(sid) if first else None,
             first,
+            self._modalities(rs) if first else [],
         )
         self._send(client, rs, msg)
 

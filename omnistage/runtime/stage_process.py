@@ -128,6 +128,7 @@ class StageWorker:
             msg.request_id, msg.prompt, msg.params, dict(msg.upstream), self.stage, self.resources
         )
         ctx.upstream_choices = dict(msg.upstream_choices)
+        ctx.modalities = tuple(msg.modalities)
         self._add(self.input_processor(ctx))
 
     def _chunk(self, msg: ChunkInput) -> None:
@@ -138,6 +139,7 @@ class StageWorker:
             self.chunk_contexts[rid] = StageInputContext(
                 rid, msg.prompt, msg.params, upstream, self.stage, self.resources
             )
+            self.chunk_contexts[rid].modalities = tuple(msg.modalities)
         ctx = self.chunk_contexts.get(rid)
         if ctx is None:  # aborted meanwhile
             return

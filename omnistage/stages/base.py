@@ -86,7 +86,9 @@ class StageInputContext:
     sequences of a request with n > 1 (index 1 on, full handoff). `state` is per-request scratch that survives
     between chunk-processor calls. `resources` is what the stage's engine lends its processors
     (`engine.input_resources()`: the family's loaded model with its tokenizer and processor, a generator):
-    a family's processors read their own model's parts there, never the engine's internals.
+    a family's processors read their own model's parts there, never the engine's internals. `modalities`:
+    what the request asked the pipeline for (its final stages' outputs; empty where unknown, e.g. a direct
+    engine user), for a stage that works differently per answer (Janus: text, or an image's tokens).
     """
 
     request_id: str
@@ -97,6 +99,7 @@ class StageInputContext:
     resources: Any = None
     state: dict[str, Any] = dataclasses.field(default_factory=dict)
     upstream_choices: dict[int, list[StageResult]] = dataclasses.field(default_factory=dict)
+    modalities: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.prompt is not None:  # typed for every processor, whatever a direct engine user passed

@@ -194,7 +194,7 @@ def test_bad_requests_fail_alone_with_the_field_named() -> None:
             StageRequest("mm", {"prompt": "hi", "multi_modal_data": {"image": [1]}}, greedy()),
             "multi_modal_data",
         ),
-        "pos": (StageRequest("pos", [1, 2], greedy(), inputs={"position_ids": [0, 1, 2]}), "position_ids"),
+        "pos": (StageRequest("pos", [1, 2], greedy(), inputs={"position_ids": [0]}), "position_ids"),
     }
     good = StageRequest("good", PROMPTS[0], greedy(8))
     results, deltas = run(engine, [r for r, _ in bad.values()] + [good])

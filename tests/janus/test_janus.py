@@ -10,6 +10,7 @@ import functools
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from omnistage.families.janus.decoder import image_prompt
 from omnistage.families.janus.pipeline import to_rgb
@@ -82,7 +83,7 @@ def test_the_pipeline_renders_the_reference_image() -> None:
     with Omni(model_dir, "omnistage/families/janus/janus_inline.yaml") as omni:
         engine = make_engine(model_dir=model_dir, engine_args=LM)
         ids = request(engine, "x", PROMPTS[0]).prompt
-        out = omni.generate(PROMPTS[0], [SamplingParams(top_k=1), None], use_tqdm=False)[0]
+        out = omni.generate(PROMPTS[0], [SamplingParams(top_k=1), None], ["image"], use_tqdm=False)[0]
     assert out.error is None, out.error
     tokens = torch.tensor([reference_tokens(ids)])
     with torch.inference_mode():
@@ -91,3 +92,49 @@ def test_the_pipeline_renders_the_reference_image() -> None:
     got = np.asarray(out.images[0])
     assert got.shape == want.shape == (32, 32, 3) and np.abs(got.astype(int) - want.astype(int)).max() <= 1
     assert want.std() > 0
+
+
+def photo(seed: int) -> Image.Image:
+    pixels = np.random.default_rng(seed).integers(0, 256, (40, 48, 3), dtype=np.uint8)
+    return Image.fromarray(pixels)
+
+
+def reference_answer(text: str, images: list[Image.Image], max_new_tokens: int = 12) -> list[int]:
+    """`generate` in text mode (greedy) on the processor's chat turn with the images."""
+    from transformers import JanusProcessor
+
+    processor = JanusProcessor.from_pretrained(str(tiny_janus_dir()))
+    content = [*({"type": "image"} for _ in images), {"type": "text", "text": text}]
+    prompt = processor.apply_chat_template(
+        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+    )
+    inputs = processor(text=prompt, images=images or None, return_tensors="pt")
+    with torch.inference_mode():
+        out = reference_model().generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, inputs["input_ids"].shape[1] :].tolist()
+
+
+def test_chat_with_images_answers_the_reference_text() -> None:
+    """Understanding (chat's default answer, text): a question about one image, about two, and text alone,
+    greedy, through both stages' pipeline (only the LM runs)."""
+    from omnistage import Omni
+    from omnistage.prompts import ChatPrompt
+
+    cases = [
+        ("what is in this picture?", [photo(1)]),
+        ("what is in this picture?", [photo(5)]),
+        ("compare them", [photo(2), photo(3)]),
+        ("hello", []),
+    ]
+    answers = [reference_answer(text, images) for text, images in cases]
+    assert len({tuple(a) for a in answers}) == 4 and all(len(set(a)) > 3 for a in answers)
+    with Omni(str(tiny_janus_dir()), "omnistage/families/janus/janus_inline.yaml") as omni:
+        for (text, images), want in zip(cases, answers, strict=True):
+            content = [*({"type": "image"} for _ in images), {"type": "text", "text": text}]
+            prompt = ChatPrompt(messages=[{"role": "user", "content": content}], images=images)
+            out = omni.generate(prompt, [SamplingParams(temperature=0, max_tokens=12), None], use_tqdm=False)[
+                0
+            ]
+            assert out.error is None, out.error
+            assert out.token_ids == want[: len(out.token_ids)] and len(out.token_ids) == len(want), text
+            assert out.text and not out.images

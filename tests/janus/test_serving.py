@@ -98,3 +98,24 @@ def test_fields_janus_cannot_honour_are_400(client: OpenAI, extra: dict, param: 
     with pytest.raises(openai.BadRequestError) as refused:
         client.images.generate(**fields)
     assert refused.value.status_code == 400 and speech_family.refused_param(refused.value) == param
+
+
+def test_chat_about_an_image_answers_the_reference_text(client: OpenAI) -> None:
+    """Understanding through the official client: an `image_url` part and a question, greedy; the answer is
+    the text `generate` (text mode) writes for the same turn."""
+    from transformers import AutoTokenizer
+
+    from tests.janus.test_janus import photo, reference_answer
+
+    buffer = io.BytesIO()
+    photo(1).save(buffer, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    question = "what is in this picture?"
+    content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": question}]
+    reply = client.chat.completions.create(
+        model=model(), messages=[{"role": "user", "content": content}], temperature=0, max_tokens=12
+    )
+    want = reference_answer(question, [photo(1)])
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_janus_dir()))
+    assert reply.choices[0].message.content == tokenizer.decode(want, skip_special_tokens=True)
+    assert reply.usage.completion_tokens == len(want)

@@ -7,6 +7,11 @@ and feeds both halves the token's generation embedding (generation_embeddings â†
 `num_image_tokens` steps. On the engine: the LM is the decoder, the generation head the head, the pad copy
 the request's guidance twin (`ARInputs.guidance`, stages/ar/guidance.py: the engine combines the logits the
 same way), and the post-sample hook (`janus_image_embeds`) feeds the generation embedding back.
+
+Janus also understands images: `generate` in text mode (its default) answers a chat turn whose image
+placeholders the processor expanded and whose image tokens the vision encoder's aligned features replace,
+from the LM head. Such a request picks the "text" head (`ARInputs.head`) and its prompt's embeddings
+(`understanding_embeds`); the hook feeds its tokens back as the LM embeds them.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ class JanusModel(LoadedModel):
     """The AR engine's parts, and the model the hook and the input processor read."""
 
     janus: nn.Module | None = None  # JanusForConditionalGeneration
+    processor: Any = None  # JanusProcessor: chat template, image placeholders, pixels
     ids: dict[str, int] = dataclasses.field(default_factory=dict)  # bos, boi, pad
     num_image_tokens: int = 0
     image_size: int = 384
@@ -35,7 +41,7 @@ class JanusModel(LoadedModel):
 
 def load_janus(model_dir: str, dtype: torch.dtype, device: str) -> JanusModel:
     """The AR engine's `model_loader` for a Janus checkpoint directory (`from_pretrained`)."""
-    from transformers import AutoTokenizer, JanusForConditionalGeneration
+    from transformers import AutoTokenizer, JanusForConditionalGeneration, JanusProcessor
 
     janus = JanusForConditionalGeneration.from_pretrained(model_dir, dtype=dtype).to(device).eval()
     lm = janus.model.language_model
@@ -53,7 +59,9 @@ def load_janus(model_dir: str, dtype: torch.dtype, device: str) -> JanusModel:
         eos_token_ids=[],  # an image is num_image_tokens tokens, no end marker
         root=janus,
         step_modules=[model.generation_embeddings, model.generation_aligner],
+        heads={"text": janus.lm_head},
         janus=janus,
+        processor=JanusProcessor.from_pretrained(model_dir),
         ids=ids,
         num_image_tokens=int(model.vision_model.config.num_image_tokens),
         image_size=int(model.vision_model.config.image_size),
@@ -62,9 +70,33 @@ def load_janus(model_dir: str, dtype: torch.dtype, device: str) -> JanusModel:
 
 
 def janus_image_embeds(model: JanusModel, step: SampledStep) -> PostSample:
-    """Post-sample hook: each sampled image token's generation embedding, fed to the next step."""
-    embeds = model.janus.prepare_embeddings_for_image_generation(step.token_ids[:, None])[:, 0]
+    """Post-sample hook: each sampled image token's generation embedding, fed to the next step (a text
+    answer's token: the LM's embedding of it)."""
+    text = torch.tensor([i.head == "text" for i in step.inputs], device=step.token_ids.device)
+    if not bool(text.any()):
+        return PostSample(
+            next_embeds=model.janus.prepare_embeddings_for_image_generation(step.token_ids[:, None])[:, 0]
+        )
+    embeds = model.embed(step.token_ids)
+    image = ~text
+    if bool(image.any()):
+        made = model.janus.prepare_embeddings_for_image_generation(step.token_ids[image][:, None])[:, 0]
+        embeds[image] = made.to(embeds.dtype)
     return PostSample(next_embeds=embeds)
+
+
+def understanding_embeds(
+    model: JanusModel, input_ids: torch.Tensor, pixel_values: torch.Tensor
+) -> torch.Tensor:
+    """The prompt's embeddings as `JanusModel.forward` makes them: token embeddings, the image tokens'
+    replaced by the vision encoder's aligned features ([L, H])."""
+    inner = model.janus.model
+    with torch.inference_mode():
+        embeds = inner.get_input_embeddings()(input_ids)
+        features = inner.get_image_features(pixel_values.to(embeds.dtype), return_dict=True).pooler_output
+        features = features.reshape(-1, embeds.shape[-1]).to(embeds.dtype)
+        mask = (input_ids == inner.config.image_token_id)[..., None].expand_as(embeds)
+        return embeds.masked_scatter(mask, features)[0]
 
 
 def marker_ids(tokenizer: Any, generation_config: Any) -> dict[str, int]:

@@ -6,6 +6,9 @@ generation head's guided logits (the checkpoint's guidance scale, 5), sampled wi
 parameters (the checkpoint samples at temperature 1; `top_k: 1` is its greedy image). Stage 1, on the
 generation engine, renders them in one pass (`decode_image_tokens`, then to 8-bit RGB as the image
 processor's `postprocess` does it: unnormalized with its mean and std, scaled to 255, clipped, truncated).
+
+Asked for text (chat's default), stage 0 answers instead, images in the chat understood (`generate` in
+text mode) and is the final stage; stage 1 runs only for an image.
 """
 
 from __future__ import annotations
@@ -15,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 import torch
 
 from omnistage.config.capabilities import Capabilities
 from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
 from omnistage.errors import InvalidRequestError
 from omnistage.outputs import TokenCounts
-from omnistage.prompts import prompt_text
+from omnistage.prompts import ChatPrompt, prompt_text
 from omnistage.stages.base import EngineContext, StageInputContext, StageRequest
 from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine, one_unit
 from omnistage.stages.generation.generation_inputs import GenerationInputs
@@ -63,6 +67,62 @@ def _guidance(loaded: Any, extra: dict[str, Any]) -> float:
     return float(scale)
 
 
+def lm_input(ctx: StageInputContext) -> StageRequest:
+    """An image asked for: its tokens (`image_input`); else a text answer to the chat, images and all
+    (`understanding_input`)."""
+    return image_input(ctx) if "image" in ctx.modalities else understanding_input(ctx)
+
+
+def understanding_input(ctx: StageInputContext) -> StageRequest:
+    """A chat turn (text and images) → the processor's prompt, its image tokens' embeddings the vision
+    encoder's; answered from the LM head until the end-of-text token, as `generate` in text mode."""
+    from PIL import Image
+
+    from omnistage.families.janus.decoder import understanding_embeds
+    from omnistage.stages.ar.ar_inputs import ARInputs
+
+    loaded = ctx.resources
+    prompt = ctx.prompt
+    messages = (
+        prompt.messages
+        if isinstance(prompt, ChatPrompt)
+        else [{"role": "user", "content": prompt_text(prompt)}]
+    )
+    turns = [
+        {
+            **m,
+            "content": [{"type": "text", "text": m["content"]}]
+            if isinstance(m.get("content"), str)
+            else m["content"],
+        }
+        for m in messages
+    ]
+    images = [
+        i if isinstance(i, Image.Image) else Image.fromarray(np.asarray(i))
+        for i in getattr(prompt, "images", [])
+    ]
+    placeholders = sum(p.get("type") == "image" for m in turns for p in m["content"])
+    if placeholders != len(images):
+        raise InvalidRequestError(
+            f"the messages hold {placeholders} image parts but {len(images)} images came", param="messages"
+        )
+    text = loaded.processor.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
+    inputs = loaded.processor(
+        text=text, images=[i.convert("RGB") for i in images] or None, return_tensors="pt"
+    )
+    ids = inputs["input_ids"]
+    embeds = understanding_embeds(loaded, ids, inputs["pixel_values"]) if images else None
+    eos = int(loaded.janus.generation_config.eos_token_id)
+    params = msgspec.structs.replace(
+        ctx.params, stop_token_ids=sorted({*(ctx.params.stop_token_ids or []), eos}), detokenize=True
+    )
+    counts = TokenCounts(input_text_tokens=ids.shape[1])
+    arinputs = ARInputs(inputs_embeds=embeds, head="text")
+    return StageRequest(
+        ctx.request_id, prompt=ids[0].tolist(), params=params, inputs=arinputs, token_counts=counts
+    )
+
+
 def image_input(ctx: StageInputContext) -> StageRequest:
     """A prompt → the LM's image prompt and its unconditional twin; exactly `num_image_tokens` tokens."""
     from omnistage.families.janus.decoder import image_prompt
@@ -79,7 +139,9 @@ def image_input(ctx: StageInputContext) -> StageRequest:
     scale = _guidance(loaded, dict(getattr(params, "extra", None) or {}))
     ids, unconditional = image_prompt(loaded.tokenizer, loaded.ids, text)
     tokens = loaded.num_image_tokens
-    params = msgspec.structs.replace(params, max_tokens=tokens, min_tokens=tokens, ignore_eos=True, extra={})
+    params = msgspec.structs.replace(
+        params, max_tokens=tokens, min_tokens=tokens, ignore_eos=True, extra={}, detokenize=False
+    )
     inputs = ARInputs(guidance=Guidance(scale, prompt_token_ids=unconditional))
     counts = TokenCounts(input_text_tokens=len(ids))
     return StageRequest(ctx.request_id, prompt=ids, params=params, inputs=inputs, token_counts=counts)
@@ -138,8 +200,9 @@ JANUS = PipelineSpec(
             stage_id=0,
             name="lm",
             kind=StageKind.AR,
-            input_processor=image_input,
-            sampling_constraints={"detokenize": False},
+            final_output=True,
+            output_modality="text",
+            input_processor=lm_input,
             engine_args={
                 "model_loader": f"{_MODELS}.decoder:load_janus",
                 "post_sample_hook": f"{_MODELS}.decoder:janus_image_embeds",
@@ -158,10 +221,11 @@ JANUS = PipelineSpec(
     ),
     architectures=("JanusForConditionalGeneration",),
     default_deploy=str(HERE / "janus.yaml"),
+    default_modalities=("text",),  # chat answers in text unless `modalities` asks for the image
     family=FAMILY,
     # the image routes' (and chat's, answering with the image) fields reach the LM: its seed and n; size and
     # guidance checked by image_input
     capabilities=Capabilities(
-        routes=("images", "chat"), prompt="text", fields={"sampling": (0,), "diffusion": (0,)}
+        routes=("images", "chat"), prompt="chat", fields={"sampling": (0,), "diffusion": (0,)}
     ),
 )

@@ -25,6 +25,16 @@ MARKERS = (
     "<pad>",
 )
 
+# Janus-Pro's turn layout (image parts as the placeholder the processor expands), written locally: the
+# checkpoint's own template lives on the model hub.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message.role == 'user' %}<|User|>: {% else %}<|Assistant|>: {% endif %}"
+    "{% for part in message.content %}{% if part.type == 'image' %}<image_placeholder>\n"
+    "{% elif part.type == 'text' %}{{ part.text }}{% endif %}{% endfor %}\n\n{% endfor %}"
+    "{% if add_generation_prompt %}<|Assistant|>:{% endif %}"
+)
+
 TINY = dict(
     text=dict(
         hidden_size=64,
@@ -69,17 +79,23 @@ BENCH = dict(
 def build(path: Path, spec: dict[str, Any], dtype: str = "float32") -> None:
     """Write a random-weight Janus checkpoint into `path`."""
     import torch
-    from transformers import JanusConfig, JanusForConditionalGeneration, JanusImageProcessor
+    from transformers import JanusConfig, JanusForConditionalGeneration, JanusImageProcessor, JanusProcessor
 
     from omnistage.families.shared.tokenizer_builders import qwen2_tokenizer
 
     specials = spec["specials"]
     tokenizer = qwen2_tokenizer(specials)
-    tokenizer.save_pretrained(str(path))
+    tokenizer._set_model_specific_special_tokens(  # saved with it: the processor reads them by name
+        {"image_token": "<image_placeholder>", "boi_token": "<begin_of_image>", "eoi_token": "<end_of_image>"}
+    )
     size = spec["vision"]["image_size"]
-    JanusImageProcessor(size={"height": size, "width": size}).save_pretrained(str(path))
+    image_processor = JanusImageProcessor(size={"height": size, "width": size})
     width = spec["text"]["hidden_size"]
     tokens = (size // spec["vision"]["patch_size"]) ** 2
+    processor = JanusProcessor(
+        image_processor, tokenizer, chat_template=CHAT_TEMPLATE, num_image_tokens=tokens
+    )
+    processor.save_pretrained(str(path))
     config = JanusConfig(
         text_config=dict(
             model_type="llama", vocab_size=len(tokenizer), max_position_embeddings=4096, **spec["text"]
@@ -91,10 +107,11 @@ def build(path: Path, spec: dict[str, Any], dtype: str = "float32") -> None:
     torch.manual_seed(0)
     model = JanusForConditionalGeneration(config).eval()
     if spec is TINY:
-        with (
-            torch.no_grad()
-        ):  # fed-back image tokens that move the state: greedy images not one repeated token
+        with torch.no_grad():  # fed-back tokens and images that move the state: greedy outputs that vary
             model.model.generation_embeddings.weight *= 100.0
+            for weight in model.model.language_model.layers.parameters():
+                if weight.dim() == 2:
+                    weight *= 10.0
     gen = model.generation_config
     gen.bos_token_id = specials["<|begin_of_sentence|>"]
     gen.eos_token_id = specials["<|endoftext|>"]

@@ -17,8 +17,9 @@ class ARInputs:
     into the request's first output's `data` (facts an input processor computed, for downstream stages).
     `extension` is the family's own inputs (a dataclass it owns), read by its step hooks and extra-input
     builders and grown by streamed chunks. `guidance` (guidance.py): classifier-free guidance, what the
-    request's unconditional twin sees. `input_finished` is the engine's: False while a streaming request's
-    input still arrives."""
+    request's unconditional twin sees. `head`: one of the loaded model's other heads by name
+    (`LoadedModel.heads`), that the request's tokens come from. `input_finished` is the engine's: False
+    while a streaming request's input still arrives."""
 
     inputs_embeds: torch.Tensor | None = None
     position_ids: torch.Tensor | None = None
@@ -27,4 +28,5 @@ class ARInputs:
     output_data: dict[str, Any] = dataclasses.field(default_factory=dict)
     extension: Any = None
     guidance: Any = None
+    head: str | None = None
     input_finished: bool = True

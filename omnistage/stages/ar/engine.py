@@ -113,6 +113,7 @@ class AREngine:
             constraints=dict(ctx.stage.sampling_constraints or {}),
             pad_token_id=getattr(config, "pad_token_id", None) or 0,
             num_layers=self.num_layers,
+            heads=tuple(self.model.heads),
         )
         self.requests: dict[str, ARRequest] = {}
         # Requests that want hidden states of layers below the last: request id → those layer indices.
@@ -133,7 +134,7 @@ class AREngine:
         loader = load_ref(ref) if ref else load_causal_lm
         model = check_loaded(loader(model_dir, self.dtype, str(self.device)), str(ref or "default"))
         if self.fast_path and packing_available():
-            for module in (model.decoder, model.head, *model.step_modules):
+            for module in (model.decoder, model.head, *model.heads.values(), *model.step_modules):
                 pack_linears(module)
         return model
 

@@ -38,6 +38,7 @@ class InputRules:
     constraints: dict[str, Any]
     pad_token_id: int = 0
     num_layers: int = 0  # decoder layers: transformers' hidden_states has num_layers + 1 entries
+    heads: tuple[str, ...] = ()  # the loaded model's other heads, by name (LoadedModel.heads)
 
 
 def make_params(given: Any, rules: InputRules) -> SamplingParams:
@@ -95,6 +96,11 @@ def make_request(req: StageRequest, rules: InputRules) -> ARRequest:
             param="prompt",
         )
     positions = _positions(inputs.position_ids, len(token_ids), rules)
+    if inputs.head is not None and inputs.head not in rules.heads:
+        raise InvalidRequestError(
+            f"head {inputs.head!r} is not one of this model's ({', '.join(rules.heads) or 'it has one'})",
+            param="head",
+        )
     processors = [_processor(ref) for ref in params.logits_processors]
     return ARRequest(
         request_id=req.request_id,

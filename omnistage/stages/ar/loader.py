@@ -47,6 +47,10 @@ class LoadedModel:
     # Modules a post-sample hook runs every step (a code predictor): the engine packs their linears as it
     # packs the decoder's and the head's.
     step_modules: list[torch.nn.Module] = dataclasses.field(default_factory=list)
+    # Other output heads, by name, that a request picks instead of `head` (`ARInputs.head`): a model that
+    # answers in text or writes image tokens from one decoder (Janus). Their logits are padded with -inf to
+    # the widest head's, so rows of both share one sampler.
+    heads: dict[str, torch.nn.Module] = dataclasses.field(default_factory=dict)
 
 
 def load_causal_lm(model_dir: str, dtype: torch.dtype, device: str) -> LoadedModel:
@@ -118,6 +122,7 @@ def check_loaded(loaded: Any, loader_name: str) -> LoadedModel:
             cross_kv=getattr(loaded, "cross_kv", None),
             encoder_hidden_size=getattr(loaded, "encoder_hidden_size", None),
             logits_processors=list(getattr(loaded, "logits_processors", None) or []),
+            heads=dict(getattr(loaded, "heads", None) or {}),
         )
     if loaded.root is None:
         loaded.root = loaded.decoder

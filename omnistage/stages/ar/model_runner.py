@@ -119,10 +119,30 @@ class ModelRunner:
         if sampling:
             rows = [offsets[i] + item.num_tokens - 1 for i, item in enumerate(batch) if item.samples]
             result.sampled_hidden = hidden[rows]
-            result.logits = self.model.head(result.sampled_hidden).float()
+            result.logits = self._logits(
+                result.sampled_hidden, [item.seq.request.inputs.head for item in sampling]
+            )
         if layers:
             result.layers = {k: out.hidden_states[k][0] for k in layers}
         return result
+
+    def _logits(self, hidden: torch.Tensor, heads: list[str | None]) -> torch.Tensor:
+        """Each row's logits from its request's head (the model's, or one of `heads` by name), padded with
+        -inf to the widest where they differ."""
+        if not any(heads):
+            return self.model.head(hidden).float()
+        parts: dict[str | None, list[int]] = {}
+        for row, name in enumerate(heads):
+            parts.setdefault(name, []).append(row)
+        made = {
+            name: (self.model.heads[name] if name else self.model.head)(hidden[rows]).float()
+            for name, rows in parts.items()
+        }
+        width = max(m.shape[-1] for m in made.values())
+        logits = hidden.new_full((hidden.shape[0], width), float("-inf"), dtype=torch.float32)
+        for name, rows in parts.items():
+            logits[rows, : made[name].shape[-1]] = made[name]
+        return logits
 
     def _patch_embeddings(self, embeds: torch.Tensor, batch: list[ScheduledSeq], offsets: list[int]) -> None:
         for item, offset in zip(batch, offsets, strict=True):
