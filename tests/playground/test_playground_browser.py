@@ -3,6 +3,7 @@ API gives for the same request, media play, and a bad input shows the API's own 
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import io
 import json
@@ -199,6 +200,37 @@ def test_a_chat_turn_shows_the_models_answer_and_speaks_it(browser, server, http
         assert "error" not in decoded and decoded["seconds"] > 0.2
     assert len(root.find_elements(By.CSS_SELECTOR, ".msg.user")) == 2
     browser.save_screenshot(str(shots / "chat.png"))
+
+
+def test_a_chat_turn_answers_with_a_picture(browser, server, http, shots):
+    """A model that draws (the shapes model: images, no text) answers the chat panel with a picture: its
+    denoising steps fill the answer's progress bar, then the image shows at the size the API answers with."""
+    open_playground(browser, server.url)
+    root = show(browser, "chat")
+    fill(root, "model", SHAPES_MODEL)
+    draw = root.find_element(By.NAME, "draw")
+    assert draw.is_displayed() and draw.is_selected() and not draw.is_enabled()  # it cannot write
+    fill(root, "message", "a red circle")
+    root.find_element(By.NAME, "send").click()
+    answer = root.find_elements(By.CSS_SELECTOR, ".msg.assistant")[-1]
+    wait_until(lambda: answer.get_attribute("data-state") != "streaming", WAIT_S, "the picture")
+    assert answer.get_attribute("data-state") == "done", root.text
+    wait_for(browser, "document.querySelector('#panel-chat .msg.assistant:last-child img')?.complete", "img")
+    picture = "document.querySelector('#panel-chat .msg.assistant:last-child img')"
+    natural = script(browser, f"return [{picture}.naturalWidth, {picture}.naturalHeight];")
+    steps = "document.querySelector('#panel-chat .msg.assistant:last-child progress')"
+    value, total = script(browser, f"return [{steps}.value, {steps}.max];")
+    assert total > 1 and value == total
+    body = {
+        "model": SHAPES_MODEL,
+        "messages": [{"role": "user", "content": "a red circle"}],
+        "modalities": ["image"],
+    }
+    reply = http.post("/v1/chat/completions", json=body).json()
+    url = reply["choices"][0]["message"]["content"][0]["image_url"]["url"]
+    expected = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+    assert natural == list(expected.size)
+    browser.save_screenshot(str(shots / "chat-picture.png"))
 
 
 def test_speech_plays_the_servers_wav(browser, server, http, shots):

@@ -238,7 +238,7 @@ function capabilitiesOf(model) {
 
 // Which models each panel is offered to, read from the capabilities only.
 const OFFERS = {
-  chat: (c) => c.routes.includes("chat") && c.modalities.includes("text"),
+  chat: (c) => c.routes.includes("chat") && (c.modalities.includes("text") || c.modalities.includes("image")),
   speech: (c) => c.routes.includes("speech"),
   images: (c) => c.routes.includes("images"),
   video: (c) => c.routes.includes("videos"),
@@ -291,6 +291,11 @@ function setMax(root, name, max) {
 const onModelChange = {
   chat(root, caps) {
     $(root, ".speaks").hidden = !caps.modalities.includes("audio");
+    // A model that draws: its answer may be a picture; one that cannot write always answers with one.
+    const draw = $(root, '[name="draw"]');
+    $(root, ".draws").hidden = !caps.modalities.includes("image");
+    draw.disabled = !caps.modalities.includes("text");
+    draw.checked = draw.disabled;
     setMax(root, "max_tokens", caps.limits.max_output_tokens);
   },
   async speech(root, caps, name) {
@@ -377,8 +382,10 @@ function initChat(root) {
     const text = $(root, '[name="message"]').value;
     const system = $(root, '[name="system"]').value.trim();
     const speak = caps.modalities.includes("audio") && $(root, '[name="speak"]').checked;
+    const draw = caps.modalities.includes("image") && $(root, '[name="draw"]').checked;
     const messages = [...(system ? [{ role: "system", content: system }] : []), ...history, { role: "user", content: text }];
-    const body = { model: name, messages, stream: true, modalities: speak ? ["text", "audio"] : ["text"] };
+    const modalities = draw ? ["image"] : speak ? ["text", "audio"] : ["text"];
+    const body = { model: name, messages, stream: true, modalities };
     const temperature = numberField(root, "temperature");
     const maxTokens = numberField(root, "max_tokens");
     if (temperature !== undefined) body.temperature = temperature;
@@ -394,12 +401,23 @@ function initChat(root) {
     answer.append(answerText);
     log.append(user, answer);
     let reply = "";
+    const steps = draw ? document.createElement("progress") : null;
+    if (steps) answer.append(steps);
     try {
       const response = await api("/v1/chat/completions", { method: "POST", json: body });
       for await (const chunk of sseData(response)) {
+        if (steps && chunk.progress) {
+          steps.max = chunk.progress.total;
+          steps.value = chunk.progress.step;
+        }
         const delta = (chunk.choices[0] || {}).delta || {};
         if (!delta.content) continue;
-        if (chunk.modality === "audio" && player) {
+        if (chunk.modality === "image" && draw) {
+          const picture = document.createElement("img");
+          picture.src = delta.content;
+          picture.alt = text;
+          answer.append(picture);
+        } else if (chunk.modality === "audio" && player) {
           const wav = parseWav(base64Bytes(delta.content));
           player.push(wav.pcm, wav.rate);
         } else if (chunk.modality === "text" || chunk.modality === undefined) {
@@ -415,7 +433,7 @@ function initChat(root) {
       answer.append(audioElement(player.blob(), "answer.wav"));
       answer.dataset.audioChunks = String(player.chunks);
     }
-    history = [...history, { role: "user", content: text }, { role: "assistant", content: reply }];
+    if (!draw) history = [...history, { role: "user", content: text }, { role: "assistant", content: reply }];
     $(root, '[name="message"]').value = "";
     answer.dataset.state = "done";
   });
