@@ -26,7 +26,7 @@ PROMPTS = [
     ("a red fox in the snow", 64, 64),
     ("a sign that says 'open'", 32, 32),
     ("the moon over a quiet lake", 64, 32),
-    ("a robot holding \"hi\" and 'yo'", 64, 64),
+    ("a cup, a \"pen\" and a 'book'", 64, 64),
 ]
 AR = {"model_loader": "omnistage.families.glm_image.decoder:load_glm_image"}
 
@@ -68,7 +68,7 @@ def test_image_tokens_equal_reference_alone_and_batched() -> None:
     requests = [request(engine, f"r{i}", *p) for i, p in enumerate(PROMPTS)]
     expected = [reference_tokens(*p, r.params.max_tokens) for p, r in zip(PROMPTS, requests, strict=True)]
     assert [len(e) for e in expected] == [260, 257, 244, 260]
-    assert len({tuple(e) for e in expected}) == 4 and all(len(set(e)) > 16 for e in expected)
+    assert len({tuple(e) for e in expected}) == 4 and all(len(set(e)) > 12 for e in expected)
     for i, p in enumerate(PROMPTS):
         results, _ = run(engine, [request(engine, f"alone{i}", *p)])
         assert results[f"alone{i}"].token_ids == expected[i], i
@@ -146,3 +146,62 @@ def test_the_pipeline_equals_one_pipeline_call() -> None:
     assert got.shape == want.shape == (32, 32, 3) and np.abs(got - want).max() < 1e-4
     assert want.std() > 0
     assert refused.error is not None and "height" in str(refused.error)
+
+
+def picture(seed: int, size: tuple[int, int] = (64, 64)):
+    from PIL import Image
+
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (*size[::-1], 3), dtype=np.uint8))
+
+
+def reference_edit(text: str, size: int, source) -> np.ndarray:
+    """`GlmImagePipeline.__call__` editing `source`, its prior tokens from `generate` on the processor's
+    prompt with the image (the model's own forward tokenizes the source: diffusers 0.42.1's
+    `generate_prior_tokens` fails on image inputs beside transformers 5.25, see decoder.py)."""
+    from omnistage.families.glm_image.decoder import upsampled
+
+    pipe = reference_pipeline()
+    model = pipe.vision_language_encoder
+    messages = [
+        [{"role": "user", "content": [{"type": "image", "image": source}, {"type": "text", "text": text}]}]
+    ]
+    inputs = pipe.processor.apply_chat_template(
+        messages, tokenize=True, target_h=size, target_w=size, return_dict=True, return_tensors="pt"
+    )
+    source_grid, (_, rows, columns) = inputs["image_grid_thw"][0], inputs["image_grid_thw"][-1].tolist()
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        out = model.generate(**inputs, max_new_tokens=rows * columns + 1, do_sample=True)
+        features = model.get_image_features(
+            inputs["pixel_values"], inputs["image_grid_thw"][:1]
+        ).pooler_output
+        source_tokens = model.get_image_tokens(features)
+    written = out[0, inputs["input_ids"].shape[1] :][: rows * columns]
+    grid = source_grid.clone()
+    grid[1:] *= 2
+    return reference_image(
+        text,
+        size,
+        upsampled(written, rows, columns),
+        image=[source],
+        prior_token_image_ids=[upsampled(source_tokens, *source_grid[1:].tolist())[0]],
+        source_image_grid_thw=[grid[None]],
+    )
+
+
+def test_an_edit_equals_one_pipeline_call() -> None:
+    """Image to image: the source image's VQ tokens in the AR prompt, the target grid alone written, the
+    DiT attending the source's cached keys and values; one `GlmImagePipeline` call with the image."""
+    from omnistage import Omni
+    from omnistage.prompts import TextPrompt
+
+    text, source = "make it blue", picture(3)
+    with Omni(str(tiny_glm_image_dir()), "omnistage/families/glm_image/glm_image_inline.yaml") as omni:
+        ar = SamplingParams(top_k=1, extra={"height": 64, "width": 64})
+        dit = DiffusionParams(num_inference_steps=3, seed=7, output_format="tensor")
+        out = omni.generate(TextPrompt(text=text, images=[source]), [ar, dit], use_tqdm=False)[0]
+    assert out.error is None, out.error
+    want = reference_edit(text, 64, source)[0]
+    got = np.asarray(out.images[0])
+    assert got.shape == want.shape == (64, 64, 3) and np.abs(got - want).max() < 1e-4
+    assert np.abs(want - reference_image(text, 64)[0]).max() > 1e-3  # the source image mattered

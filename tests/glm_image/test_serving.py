@@ -17,7 +17,7 @@ from openai import OpenAI
 from PIL import Image
 
 from omnistage.families.glm_image.tiny import tiny_glm_image_dir
-from tests.glm_image.test_glm_image import PROMPTS, reference_image
+from tests.glm_image.test_glm_image import PROMPTS, picture, reference_edit, reference_image
 from tests.support import speech_family
 
 pytestmark = pytest.mark.engine
@@ -75,6 +75,22 @@ def test_chat_answers_with_the_image_and_streams_progress(client: OpenAI, http) 
         and str(e["choices"][0]["delta"].get("content")).startswith("data:image/png")
     ]
     assert len(shown) == 1 and shown[0] > progress[-1][0], events
+
+
+def test_edits_render_the_reference_edit(client: OpenAI) -> None:
+    """`images.edit` through the official client: the source image read by the AR model and attended by
+    the DiT, equal to the pipeline editing it (the route's size defaults to the image's)."""
+    buffer = io.BytesIO()
+    picture(3).save(buffer, format="PNG")
+    reply = client.images.edit(
+        model=model(),
+        image=("source.png", buffer.getvalue(), "image/png"),
+        prompt="make it blue",
+        extra_body=GREEDY,
+    )
+    got = images_of(reply)[0]
+    want = (reference_edit("make it blue", 64, picture(3))[0] * 255).round().astype(int)
+    assert got.shape == (64, 64, 3) and np.abs(got.astype(int) - want).max() <= 1
 
 
 @pytest.mark.parametrize(

@@ -32,8 +32,14 @@ class GlmImageAdapter(StepAdapter):
         from diffusers.pipelines.glm_image.pipeline_glm_image import calculate_shift, retrieve_timesteps
 
         pipe, p = self.pipe, req.params
-        if not isinstance(req.inputs, torch.Tensor):
+        given = req.inputs if isinstance(req.inputs, dict) else {"prior": req.inputs}
+        if not isinstance(given.get("prior"), torch.Tensor):
             raise InvalidRequestError("GLM-Image renders from its AR stage's prior tokens", param="prompt")
+        sources = list(given.get("sources") or [])
+        if len(sources) != len(req.images):
+            raise InvalidRequestError(
+                f"{len(req.images)} images to edit but the AR stage read {len(sources)}", param="image"
+            )
         k, cfg = p.num_outputs, p.guidance_scale > 1
         embeds, negative = pipe.encode_prompt(
             req.prompt,
@@ -64,7 +70,7 @@ class GlmImageAdapter(StepAdapter):
         )
         sigmas = steps / config.num_train_timesteps
         timesteps, _ = retrieve_timesteps(scheduler, n, self.device, steps, sigmas, mu=mu)
-        prior = req.inputs.to(self.device).repeat_interleave(k, dim=0)
+        prior = given["prior"].to(self.device).repeat_interleave(k, dim=0)
         size = torch.tensor([[p.height, p.width]], dtype=embeds.dtype, device=self.device).repeat(k, 1)
         common = {
             "prior_token_id": prior,
@@ -76,11 +82,47 @@ class GlmImageAdapter(StepAdapter):
             "encoder_hidden_states": embeds,
             "prior_token_drop": torch.zeros_like(prior, dtype=torch.bool),
         }
+        if sources:  # the source images' keys and values, which the conditional branch attends every step
+            cond["kv_caches"] = self._source_cache(req.images, sources, embeds)
         uncond = None
         if cfg:
             drop = torch.ones_like(prior, dtype=torch.bool)
             uncond = {**common, "encoder_hidden_states": negative, "prior_token_drop": drop}
         return StepState(latents, timesteps, scheduler, cond, uncond, {"guidance": p.guidance_scale})
+
+    def _source_cache(self, images: list[Any], sources: list[torch.Tensor], embeds: torch.Tensor) -> Any:
+        """`GlmImagePipeline.__call__`'s image-to-image cache: each source image's VAE latents (its mode,
+        normalized) through the DiT at timestep 0 with its tokens, keys and values kept; then read."""
+        from diffusers.models.transformers.transformer_glm_image import GlmImageKVCache
+        from diffusers.pipelines.glm_image.pipeline_glm_image import retrieve_latents
+
+        pipe, vae = self.pipe, self.pipe.vae
+        cache = GlmImageKVCache(num_layers=pipe.transformer.config.num_layers)
+        cache.set_mode("write")
+        shape = (1, vae.config.latent_channels, 1, 1)
+        mean = torch.tensor(vae.config.latents_mean).view(shape).to(self.device, embeds.dtype)
+        std = torch.tensor(vae.config.latents_std).view(shape).to(self.device, embeds.dtype)
+        multiple = pipe.vae_scale_factor * pipe.transformer.config.patch_size
+        for image, tokens in zip(images, sources, strict=True):
+            width, height = image.size
+            pixels = pipe.image_processor.preprocess(
+                image, height=height // multiple * multiple, width=width // multiple * multiple
+            ).to(self.device, embeds.dtype)
+            latent = (retrieve_latents(vae.encode(pixels), sample_mode="argmax") - mean) / std
+            tokens = tokens.to(self.device)
+            pipe.transformer(
+                hidden_states=latent,
+                encoder_hidden_states=torch.zeros_like(embeds)[:1, :0],
+                prior_token_id=tokens,
+                prior_token_drop=torch.zeros_like(tokens, dtype=torch.bool),
+                timestep=torch.zeros((1,), device=self.device),
+                target_size=torch.tensor([pixels.shape[-2:]], device=self.device),
+                crop_coords=torch.zeros((1, 2), device=self.device),
+                kv_caches=cache,
+            )
+        cache.next_sample()
+        cache.set_mode("read")
+        return cache
 
     def step_inputs(self, state: StepState) -> dict[str, Any]:
         t = state.timesteps[state.step_index]
@@ -90,9 +132,11 @@ class GlmImageAdapter(StepAdapter):
         }
 
     def forward_groups(self, inputs: list[dict[str, Any]]) -> list[list[int]]:
-        groups: dict[int, list[int]] = {}
+        """Equal glyph lengths share a forward; a branch that attends source images' cache runs alone."""
+        groups: dict[tuple[int, int], list[int]] = {}
         for i, branch in enumerate(inputs):
-            groups.setdefault(branch["encoder_hidden_states"].shape[1], []).append(i)
+            alone = id(branch["kv_caches"]) if "kv_caches" in branch else 0
+            groups.setdefault((branch["encoder_hidden_states"].shape[1], alone), []).append(i)
         return list(groups.values())
 
     def guide(self, state: StepState, cond: torch.Tensor, uncond: torch.Tensor | None) -> torch.Tensor:

@@ -88,25 +88,36 @@ def default_size(root: Path) -> int:
 
 @dataclasses.dataclass
 class ImagePrompt:
-    """What the AR stage runs for one text-to-image prompt: the prompt's ids, every position (the prompt's,
-    then the generated tokens'), and the grids (rows, columns) it writes: preview, then target."""
+    """What the AR stage runs for one prompt: the prompt's ids (source images' placeholders replaced by
+    their VQ tokens), every position (the prompt's, then the generated tokens'), the grids (rows, columns)
+    it writes (text to image: a preview, then the target; image to image: the target alone), and each source
+    image's tokens upsampled to the DiT's grid (`prior_token_image_ids`, one [4 * h * w] tensor an image)."""
 
     token_ids: list[int]
     positions: torch.Tensor  # [3, prompt + generated]
     preview: tuple[int, int]
     target: tuple[int, int]
+    sources: list[torch.Tensor] = dataclasses.field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
         return self.preview[0] * self.preview[1] + self.target[0] * self.target[1]
 
 
-def image_prompt(model: GlmImageModel, text: str, height: int, width: int) -> ImagePrompt:
-    """The prompt `generate_prior_tokens` builds for `text` at `height` x `width` (the processor's chat
-    template and target grids), and `get_rope_index`'s positions for it and for the tokens it generates."""
-    messages = [[{"role": "user", "content": [{"type": "text", "text": text}]}]]
+def image_prompt(
+    model: GlmImageModel, text: str, height: int, width: int, images: list[Any] = ()
+) -> ImagePrompt:
+    """The prompt `generate_prior_tokens` builds for `text` (and source `images`, to edit) at `height` x
+    `width` (the processor's chat template and target grids), its source images' tokens, and
+    `get_rope_index`'s positions for it and for the tokens it generates."""
+    content = [*({"type": "image", "image": i} for i in images), {"type": "text", "text": text}]
     inputs = model.processor.apply_chat_template(
-        messages, tokenize=True, target_h=height, target_w=width, return_dict=True, return_tensors="pt"
+        [[{"role": "user", "content": content}]],
+        tokenize=True,
+        target_h=height,
+        target_w=width,
+        return_dict=True,
+        return_tensors="pt",
     )
     ids, grids = inputs["input_ids"], inputs["image_grid_thw"]
     inner = model.glm.model
@@ -114,16 +125,35 @@ def image_prompt(model: GlmImageModel, text: str, height: int, width: int) -> Im
         ids, image_grid_thw=grids, images_per_sample=inputs["images_per_sample"]
     )
     planned = inner._cached_decode_position_ids[0]  # [3, generated + the end marker]
-    target, preview = (tuple(int(v) for v in g[1:]) for g in grids)
-    prompt = ImagePrompt(ids[0].tolist(), positions[:, 0], preview, target)
+    sources: list[torch.Tensor] = []
+    if images:
+        source_grids = grids[: len(images)]
+        with torch.inference_mode():
+            embeds = inner.get_image_features(inputs["pixel_values"], source_grids).pooler_output
+            # per image, as the model's own forward tokenizes them (diffusers 0.42's `generate_prior_tokens`
+            # concatenates the feature maps first, which transformers 5.25's VQ encoder cannot read)
+            tokens = inner.get_image_tokens(embeds, source_grids)
+        ids = ids.masked_scatter(ids == model.glm.config.image_token_id, tokens)
+        for part, grid in zip(torch.split(tokens, source_grids.prod(-1).tolist()), source_grids, strict=True):
+            sources.append(upsampled(part, int(grid[1]), int(grid[2]))[0])
+        target, preview = tuple(int(v) for v in grids[-1][1:]), (0, 0)
+    else:
+        target, preview = (tuple(int(v) for v in g[1:]) for g in grids)
+    prompt = ImagePrompt(ids[0].tolist(), positions[:, 0], preview, target, sources)
     prompt.positions = torch.cat([positions[:, 0], planned[:, : prompt.num_tokens]], dim=1)
     return prompt
 
 
+def upsampled(tokens: torch.Tensor, rows: int, columns: int) -> torch.Tensor:
+    """A grid's tokens upsampled 2x to the DiT's grid, as the pipeline's `_upsample_token_ids` ([1, 4 * rows
+    * columns])."""
+    grid = tokens.to(torch.float32).view(1, 1, rows, columns)
+    return nn.functional.interpolate(grid, scale_factor=2, mode="nearest").to(torch.long).view(1, -1)
+
+
 def target_tokens(tokens: list[int], prompt_grids: tuple[tuple[int, int], tuple[int, int]]) -> torch.Tensor:
-    """The target grid's tokens (after the preview's) upsampled 2x to the DiT's grid, as the pipeline's
-    `_extract_large_image_tokens` and `_upsample_token_ids` make `prior_token_ids` [1, 4 * rows * columns]."""
+    """The target grid's tokens (after the preview's, if any) upsampled 2x to the DiT's grid, as the
+    pipeline's `_extract_large_image_tokens` and `_upsample_token_ids` make `prior_token_ids`."""
     (preview_h, preview_w), (rows, columns) = prompt_grids
     start = preview_h * preview_w
-    grid = torch.tensor(tokens[start : start + rows * columns], dtype=torch.float32).view(1, 1, rows, columns)
-    return nn.functional.interpolate(grid, scale_factor=2, mode="nearest").to(torch.long).view(1, -1)
+    return upsampled(torch.tensor(tokens[start : start + rows * columns]), rows, columns)

@@ -19,7 +19,7 @@ from omnistage.config.pipeline import PipelineSpec, StageKind, StageSpec
 from omnistage.errors import InvalidRequestError
 from omnistage.outputs import TokenCounts
 from omnistage.params import DiffusionParams
-from omnistage.prompts import prompt_text
+from omnistage.prompts import TextPrompt, prompt_text
 from omnistage.stages.base import StageInputContext, StageRequest
 
 HERE = Path(__file__).parent
@@ -31,7 +31,6 @@ MAX_SIDE = 2048  # pixels a side (GLM-Image's processor default targets 1152 x 7
 # The image routes' fields GLM-Image cannot honour here (they reach stage 0 in `SamplingParams.extra`);
 # its DiT checks the rest (steps, guidance, n) against the pipeline.
 UNSUPPORTED = {
-    "image": "GLM-Image serves text to image here (image to image is not served yet)",
     "mask": "GLM-Image does not inpaint",
     "negative_prompt": "GLM-Image guides against an empty prompt, not a negative one",
     "true_cfg_scale": "GLM-Image has one guidance scale (guidance_scale)",
@@ -41,13 +40,21 @@ UNSUPPORTED = {
 }
 
 
-def _size(loaded: Any, extra: dict[str, Any]) -> tuple[int, int]:
+def _size(loaded: Any, extra: dict[str, Any], images: list[Any]) -> tuple[int, int]:
+    """The size asked for (else the first source image's, to the grid; else the pipeline's default),
+    checked."""
     for name, why in UNSUPPORTED.items():
         if extra.get(name) is not None:
             raise InvalidRequestError(f"{name}: {why}", param=name)
+    cell = loaded.size_multiple
+    fallback = (
+        {"width": images[0].size[0] // cell * cell, "height": images[0].size[1] // cell * cell}
+        if images
+        else {}
+    )
     sides = []
     for name in ("height", "width"):
-        side = int(extra.get(name) or loaded.default_size)
+        side = int(extra.get(name) or fallback.get(name) or loaded.default_size)
         if side % loaded.size_multiple or not 0 < side <= MAX_SIDE:
             raise InvalidRequestError(
                 f"size: GLM-Image takes sides that are multiples of {loaded.size_multiple} up to {MAX_SIDE}, "
@@ -67,13 +74,20 @@ def image_input(ctx: StageInputContext) -> StageRequest:
     text = prompt_text(ctx.prompt)
     if not text.strip():
         raise InvalidRequestError("prompt must not be empty", param="prompt")
-    height, width = _size(loaded, dict(getattr(ctx.params, "extra", None) or {}))
-    prompt = image_prompt(loaded, text, height, width)
+    extra = dict(getattr(ctx.params, "extra", None) or {})
+    images = source_images(ctx.prompt, extra.get("image"))
+    height, width = _size(loaded, extra, images)
+    prompt = image_prompt(loaded, text, height, width, images)
     tokens = prompt.num_tokens
     params = msgspec.structs.replace(
         ctx.params, n=1, max_tokens=tokens, min_tokens=tokens, ignore_eos=True, extra={}
     )
-    grids = {"preview": list(prompt.preview), "target": list(prompt.target), "size": [height, width]}
+    grids = {
+        "preview": list(prompt.preview),
+        "target": list(prompt.target),
+        "size": [height, width],
+        "sources": [s.tolist() for s in prompt.sources],  # each source image's tokens, for the DiT
+    }
     inputs = ARInputs(position_ids=prompt.positions, output_data={GRIDS: grids})
     counts = TokenCounts(input_text_tokens=len(prompt.token_ids))
     return StageRequest(
@@ -81,13 +95,25 @@ def image_input(ctx: StageInputContext) -> StageRequest:
     )
 
 
+def source_images(prompt: Any, given: Any) -> list[Any]:
+    """The images to edit: the route's (`image`), else the prompt's (a chat turn's pictures)."""
+    from omnistage import media
+
+    images = list(given or []) or list(getattr(prompt, "images", None) or [])
+    return [media.decode_image(i) for i in images]
+
+
 def render_input(ctx: StageInputContext) -> StageRequest:
-    """Full handoff: the target grid's tokens (upsampled) and the size stage 0 wrote them for."""
+    """Full handoff: the target grid's tokens (upsampled), the size stage 0 wrote them for, and the source
+    images (to edit) with their tokens."""
+    import torch
+
     from omnistage.families.glm_image.decoder import target_tokens
 
     result = ctx.upstream[0]
     grids = result.data[GRIDS]
     prior = target_tokens(result.token_ids, (tuple(grids["preview"]), tuple(grids["target"])))
+    sources = [torch.tensor(s, dtype=torch.long) for s in grids["sources"]]
     height, width = grids["size"]
     params = ctx.params
     if not isinstance(params, DiffusionParams):
@@ -99,8 +125,12 @@ def render_input(ctx: StageInputContext) -> StageRequest:
                 f"height/width); it wrote tokens for {height}x{width}",
                 param=name,
             )
-    params = msgspec.structs.replace(params, height=height, width=width)
-    return StageRequest(ctx.request_id, prompt=prompt_text(ctx.prompt), params=params, inputs=prior)
+    images = source_images(ctx.prompt, params.image) if sources else []
+    params = msgspec.structs.replace(params, height=height, width=width, image=None)
+    prompt = TextPrompt(text=prompt_text(ctx.prompt), images=images)
+    return StageRequest(
+        ctx.request_id, prompt=prompt, params=params, inputs={"prior": prior, "sources": sources}
+    )
 
 
 GLM_IMAGE = PipelineSpec(

@@ -39,7 +39,10 @@ TINY = dict(
         num_key_value_heads=2,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
     ),
-    vision=dict(depth=1, hidden_size=32, num_heads=2, image_size=32, patch_size=8, intermediate_size=32),
+    # source images (to edit) halved by the image processor, then a token per 16 pixels: a token per 32 of
+    # the source, as the AR writes its target (upsampled 2x: the DiT's grid, its VAE's 8 x its patch 2)
+    vision=dict(depth=1, hidden_size=32, num_heads=2, image_size=32, patch_size=16, intermediate_size=32),
+    pixels=dict(patch_size=16, merge_size=1, temporal_patch_size=1, min_pixels=32 * 32, max_pixels=128 * 128),
     codebook=64,
     vision_vocab=72,
     dit=dict(num_layers=2, attention_head_dim=8, num_attention_heads=2, time_embed_dim=16, condition_dim=8),
@@ -61,6 +64,9 @@ BENCH = dict(
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [8, 12, 12]},
     ),
     vision=dict(depth=1, hidden_size=64, num_heads=2, image_size=256, patch_size=16, intermediate_size=64),
+    pixels=dict(
+        patch_size=16, merge_size=1, temporal_patch_size=1, min_pixels=128 * 128, max_pixels=512 * 512
+    ),
     codebook=16384,
     vision_vocab=16512,
     dit=dict(
@@ -101,7 +107,9 @@ def build(path: Path, spec: dict[str, Any], dtype: str = "float32") -> None:
         {"image_token": "<|image|>", "grid_bos_token": "<sop>", "grid_eos_token": "<eop>"}
     )
     processor = GlmImageProcessor(
-        image_processor=GlmImageImageProcessorPil(), tokenizer=tokenizer, chat_template=CHAT_TEMPLATE
+        image_processor=GlmImageImageProcessorPil(**spec["pixels"]),
+        tokenizer=tokenizer,
+        chat_template=CHAT_TEMPLATE,
     )
     codebook = spec["codebook"]
     config = GlmImageConfig(

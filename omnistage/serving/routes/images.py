@@ -86,7 +86,7 @@ async def generations(
 @router.post("/v1/images/edits", openapi_extra=multipart_openapi(ImageEditForm, EDIT_FILES, ("image",)))
 async def edits(request: Request, ctx: ServerContext = Depends(get_context)):
     form = await read_form(request)
-    body = ImageEditForm.model_validate(text_fields(form, set(EDIT_FILES)))
+    body = ImageEditForm.model_validate(text_fields(form, set(EDIT_FILES), frozenset({"stage_params"})))
     limits = _model(request, ctx, body).limits(ctx.settings)
     uploads = await files(form, "image", "image[]")
     if not uploads:

@@ -56,7 +56,9 @@ async def _read_body(request: Request, ctx: ServerContext) -> tuple[VideoCreateR
             reference, _ = await ctx.media.read(body.input_reference, param="input_reference")
         return body, reference
     form = await read_form(request)
-    body = VideoCreateRequest.model_validate(text_fields(form, {"input_reference"}))
+    body = VideoCreateRequest.model_validate(
+        text_fields(form, {"input_reference"}, frozenset({"stage_params"}))
+    )
     uploads = await files(form, "input_reference")
     return body, uploads[0][1] if uploads else None
 
