@@ -94,16 +94,37 @@ def reference_image(text: str, size: int, prior: torch.Tensor | None = None, **k
     return np.asarray(out.images)
 
 
+def dit_engine(**args):
+    """The DiT stage's engine as the pipeline configures it (its family registered: its step adapter)."""
+    from omnistage.config.deploy import StageDeploy
+    from omnistage.families import registry
+    from omnistage.stages.diffusion.engine import DiffusionEngine
+
+    registry.load()
+    args = {"skip_components": ["vision_language_encoder", "processor"], **args}
+    return DiffusionEngine(
+        str(tiny_glm_image_dir()), StageDeploy(stage_id=1, max_num_seqs=4), "cpu", args, "image"
+    )
+
+
+def test_step_caching_applies_and_cfg_parallel_is_refused() -> None:
+    from omnistage.errors import ConfigError
+
+    engine = dit_engine()
+    prior = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(1))
+    params = DiffusionParams(height=64, width=64, num_inference_steps=8, seed=7, cache="cache_dit")
+    engine.add_request(StageRequest("cached", prompt="a cat", params=params, inputs=prior))
+    finals = [out for _ in iter(engine.has_work, False) for out in engine.step() if out.finished]
+    assert finals[0].error is None and finals[0].metrics["cached_steps"] >= 1
+    with pytest.raises(ConfigError, match="not split across ranks"):
+        dit_engine(cfg_parallel_size=2)
+
+
 def test_the_dit_renders_the_reference_image_alone_and_batched() -> None:
     """Step by step, from given prior tokens, several requests sharing forwards (no token budget) whose
     glyph texts differ in length; 2 images from one prompt."""
-    from omnistage.config.deploy import StageDeploy
-    from omnistage.stages.diffusion.engine import DiffusionEngine
-
-    deploy = StageDeploy(stage_id=1, max_num_seqs=4)
-    args = {"step_token_budget": 0, "skip_components": ["vision_language_encoder", "processor"]}
-    engine = DiffusionEngine(str(tiny_glm_image_dir()), deploy, "cpu", args, "image")
-    assert engine.runner.pipe.vision_language_encoder is None
+    engine = dit_engine(step_token_budget=0)
+    assert engine.runner.pipe.vision_language_encoder is None and engine.mode == "step"
     gen = torch.Generator().manual_seed(11)
     texts = [p[0] for p in PROMPTS]
     priors = [torch.randint(0, 64, (1, 16), generator=gen) for _ in texts]

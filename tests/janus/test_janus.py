@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from omnistage.families.janus.decoder import image_prompt
-from omnistage.families.janus.pipeline import to_rgb
+from omnistage.families.janus.pipeline import JanusRender, to_rgb
 from omnistage.families.janus.tiny import tiny_janus_dir
 from omnistage.params import SamplingParams
 from omnistage.stages.ar.ar_inputs import ARInputs
@@ -92,6 +92,9 @@ def test_the_pipeline_renders_the_reference_image() -> None:
     got = np.asarray(out.images[0])
     assert got.shape == want.shape == (32, 32, 3) and np.abs(got.astype(int) - want.astype(int)).max() <= 1
     assert want.std() > 0
+    # before 8-bit rounding: the render stage's pixels are the reference's
+    render = JanusRender(model_dir, "cpu")
+    assert (render.pixels(tokens) - pixels).abs().max() < 1e-4
 
 
 def photo(seed: int) -> Image.Image:

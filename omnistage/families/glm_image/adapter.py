@@ -23,6 +23,10 @@ class GlmImageAdapter(StepAdapter):
     """GLM-Image (`GlmImagePipeline`): text to image from the AR stage's prior tokens, CFG against ""."""
 
     modality = "image"
+    parallel_refused = (
+        "runs its branches as they come (glyph texts of different lengths, an edit's source cache), "
+        "not split across ranks"
+    )
 
     @property
     def spatial_multiple(self) -> int:

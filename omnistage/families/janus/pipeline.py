@@ -181,10 +181,14 @@ class JanusRender:
         return one_unit(lambda: [self.render(w) for w in batch.windows])
 
     def render(self, tokens: torch.Tensor) -> torch.Tensor:
+        return to_rgb(self.pixels(tokens), self.processor)
+
+    def pixels(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The VQ decoder's pixels [N, H, W, 3] for N images' tokens, as `decode_image_tokens` makes them."""
         device = next(self.vq.parameters()).device
         grids = tokens.to(device, torch.long).reshape(-1, self.tokens)
-        pixels = self.vq.decode(grids).permute(0, 2, 3, 1)
-        return to_rgb(pixels, self.processor)
+        with torch.inference_mode():
+            return self.vq.decode(grids).permute(0, 2, 3, 1)
 
 
 def create_render_engine(ctx: EngineContext) -> GenerationEngine:

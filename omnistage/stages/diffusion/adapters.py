@@ -323,6 +323,8 @@ class StepAdapter(PipelineAdapter):
     shared_inputs: frozenset[str] = frozenset()
     # The forward kwarg that holds the latents: its rows are the batch the engine splits outputs by.
     latent_input = "hidden_states"
+    # Why the family's branches cannot be split across CFG-parallel / Ulysses ranks (None: they can).
+    parallel_refused: str | None = None
 
     def prepare(self, req: DiffusionRequest) -> StepState:
         raise NotImplementedError

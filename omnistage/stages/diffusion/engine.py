@@ -127,6 +127,9 @@ class DiffusionEngine:
         parallel = int(args.get("cfg_parallel_size", 1)) > 1 or int(args.get("ulysses_degree", 1)) > 1
         if parallel and self.mode != "step":
             raise ConfigError("cfg_parallel_size / ulysses_degree need execution: step")
+        refused = getattr(self.adapter, "parallel_refused", None)
+        if parallel and refused:
+            raise ConfigError(f"cfg_parallel_size / ulysses_degree: {self.adapter.class_name} {refused}")
 
     # ---- StageEngine
     def add_request(self, request: StageRequest) -> None:
