@@ -30,7 +30,7 @@ class GlmImageModel(LoadedModel):
 
     glm: nn.Module | None = None  # GlmImageForConditionalGeneration
     processor: Any = None  # GlmImageProcessor (tokenizer, chat template, target grids)
-    default_size: int = 1024  # the pipeline's default height and width (its DiT's sample size x VAE factor)
+    default_size: int = 1024  # height and width where a request names none (`default_size`)
     size_multiple: int = 32  # the AR grid's cell, in pixels
 
 
@@ -77,8 +77,9 @@ class CodebookOnly:
 
 
 def default_size(root: Path) -> int:
-    """The pipeline's default height and width: its DiT's `sample_size` (128 where unset) times the VAE's
-    scale factor, as `GlmImagePipeline` derives them."""
+    """Height and width for a request that names none: its DiT's `sample_size` (128 where unset) times the
+    VAE's scale factor, the `default_sample_size` `GlmImagePipeline` keeps (its text-to-image call itself
+    needs both given) and what the diffusion engine fills in for the DiT."""
     import json
 
     sample = json.loads((root / "transformer" / "config.json").read_text()).get("sample_size") or 128

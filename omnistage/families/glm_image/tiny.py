@@ -61,7 +61,12 @@ BENCH = dict(
         num_hidden_layers=4,
         num_attention_heads=16,
         num_key_value_heads=2,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [8, 12, 12]},
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,  # as GLM-Image: half of each 128-wide head rotates
+            "mrope_section": [8, 12, 12],
+        },
     ),
     vision=dict(depth=1, hidden_size=64, num_heads=2, image_size=256, patch_size=16, intermediate_size=64),
     pixels=dict(
