@@ -26,6 +26,9 @@ $(STAMP): pyproject.toml omnistage/stages/ar/cpu/native.py $(wildcard omnistage/
 	# It declares gradio, modelscope, funasr, torchcodec, ... that running the model does not need: installed
 	# without dependencies; what it imports (einops, librosa, pydantic) is in pyproject.toml.
 	$(PY) -m pip install -q --no-deps voxcpm==2.0.3
+	# Structured outputs' grammars (what vLLM uses). It declares triton, a GPU compiler its CPU path never
+	# imports: installed without dependencies; its own runtime (apache-tvm-ffi) pinned beside it.
+	$(PY) -m pip install -q --no-deps xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2
 	# The AR engine's native kernels, compiled once into this install (serving only loads them).
 	$(PY) -m omnistage.stages.ar.cpu.native
 	touch $(STAMP)

@@ -7,6 +7,7 @@ so a bad value fails where the user wrote it, with the field's name.
 from __future__ import annotations
 
 import functools
+import json as _json
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,6 +19,53 @@ from omnistage.errors import InvalidRequestError
 def _check(ok: bool, field: str, rule: str) -> None:
     if not ok:
         raise InvalidRequestError(f"{field} {rule}", param=field)
+
+
+class StructuredOutputs(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Hold the output to one constraint (vLLM's `structured_outputs`): a JSON schema (`json`, an object or
+    its text), any JSON object, a regex, one of `choice`, or an EBNF `grammar`. `source` is the request
+    field it came from, which a constraint that cannot be compiled is refused naming."""
+
+    json: Any = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    source: str = "structured_outputs"
+
+    def __post_init__(self) -> None:
+        given = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None]
+        given += ["json_object"] if self.json_object else []
+        _check(
+            len(given) == 1,
+            self.source,
+            f"must set exactly one of json, json_object, regex, choice, grammar (got {given or 'none'})",
+        )
+        _check(
+            self.choice is None
+            or (len(self.choice) > 0 and all(isinstance(c, str) and c for c in self.choice)),
+            self.source,
+            "choice must be non-empty strings",
+        )
+        _check(
+            self.json is None or isinstance(self.json, dict | str),
+            self.source,
+            "json must be a JSON schema (an object, or its text)",
+        )
+
+    def kind(self) -> tuple[str, str]:
+        """(kind, its value as text): what the compiled-grammar cache keys on."""
+        if self.json is not None:
+            # not sorted: the properties come out in the order the schema gives them
+            value = self.json if isinstance(self.json, str) else _json.dumps(self.json)
+            return "json", value
+        if self.json_object:
+            return "json_object", ""
+        if self.regex is not None:
+            return "regex", self.regex
+        if self.choice is not None:
+            return "choice", _json.dumps(self.choice)
+        return "grammar", str(self.grammar)
 
 
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, tag=True):
@@ -47,6 +95,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, tag=True)
     return_hidden_states: bool = False  # the last layer's, i.e. hidden_state_layers [-1]
     # transformers' `hidden_states` indices (0 = the embeddings, -1 = the last layer), out by layer
     hidden_state_layers: list[int] = msgspec.field(default_factory=list)
+    structured_outputs: StructuredOutputs | None = None  # structured.py: a grammar the output keeps to
     extra: dict[str, Any] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -82,6 +82,21 @@ class AudioOutputOptions(OpenAIModel):
     format: Literal["wav", "pcm", "pcm16", "flac", "mp3", "opus"] = "wav"
 
 
+class JsonSchemaFormat(OpenAIModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    name: str = Field("response", min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(OpenAIModel):
+    """OpenAI's `response_format` for text answers: plain text, any JSON object, or a JSON schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class SamplingFields(OpenAIModel):
     """Sampling fields shared by chat and completions (OpenAI's plus vLLM's usual extensions)."""
 
@@ -105,6 +120,13 @@ class SamplingFields(OpenAIModel):
     user: str | None = None
     # One entry per stage (None: the stage's defaults); overrides the top-level fields for that stage.
     stage_params: StageParamsList | None = None
+    # Structured outputs (serving/structured_outputs.py): OpenAI's, vLLM's, and vLLM's older guided_* names.
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 class DiffusionFields(OpenAIModel):

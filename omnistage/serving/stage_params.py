@@ -17,6 +17,7 @@ from omnistage.errors import InvalidRequestError
 from omnistage.params import DiffusionParams, GenerationParams, SamplingParams, StageParams, params_class
 from omnistage.serving.limits import check_generation, check_sampling
 from omnistage.serving.served import ServedModel
+from omnistage.serving.structured_outputs import structured_outputs_of
 
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
 
@@ -161,6 +162,9 @@ def sampling_fields(request: Any, *, max_tokens: int | None) -> dict[str, Any]:
         fields["ignore_eos"] = True
     if max_tokens is not None:
         fields["max_tokens"] = max_tokens
+    structured = structured_outputs_of(request)
+    if structured is not None:
+        fields["structured_outputs"] = structured
     return fields
 
 

@@ -114,6 +114,7 @@ class AREngine:
             pad_token_id=getattr(config, "pad_token_id", None) or 0,
             num_layers=self.num_layers,
             heads=tuple(self.model.heads),
+            eos_token_ids=tuple(self.model.eos_token_ids),
         )
         self.requests: dict[str, ARRequest] = {}
         # Requests that want hidden states of layers below the last: request id → those layer indices.

@@ -39,6 +39,7 @@ class InputRules:
     pad_token_id: int = 0
     num_layers: int = 0  # decoder layers: transformers' hidden_states has num_layers + 1 entries
     heads: tuple[str, ...] = ()  # the loaded model's other heads, by name (LoadedModel.heads)
+    eos_token_ids: tuple[int, ...] = ()  # the ids that end a sequence (the model's EOS)
 
 
 def make_params(given: Any, rules: InputRules) -> SamplingParams:
@@ -102,6 +103,11 @@ def make_request(req: StageRequest, rules: InputRules) -> ARRequest:
             param="head",
         )
     processors = [_processor(ref) for ref in params.logits_processors]
+    if params.structured_outputs is not None:
+        from omnistage.stages.ar.structured import constraint
+
+        stops = (*rules.eos_token_ids, *params.stop_token_ids)
+        processors.append(constraint(params.structured_outputs, rules.tokenizer, rules.vocab_size, stops))
     return ARRequest(
         request_id=req.request_id,
         prompt_token_ids=token_ids,
