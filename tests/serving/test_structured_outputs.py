@@ -157,3 +157,82 @@ def test_constraints_that_cannot_hold_are_400(client: OpenAI, fields: dict, para
         client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=8, **fields)
     assert refused.value.status_code == 400
     assert refused.value.body["param"] == param, refused.value.body
+
+
+CITY = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 40},
+        "country": {"type": "string", "maxLength": 40},
+        "population": {"type": "integer", "minimum": 0, "maximum": 100000000},
+    },
+    "required": ["city", "country", "population"],
+    "additionalProperties": False,
+}
+CITIES = ["Paris", "Tokyo", "Lima", "Cairo", "Oslo", "Nairobi", "Toronto", "Hanoi", "Madrid", "Perth"]
+
+
+@pytest.fixture(scope="module")
+def demo_app(tmp_path_factory):
+    """The demo chat model (SmolLM2-135M-Instruct, trained weights), served in process."""
+    from omnistage.demo.smollm import smollm2_dir
+
+    omni = AsyncOmni(str(smollm2_dir()), placement="inline")
+    try:
+        settings = ServerSettings(storage_dir=tmp_path_factory.mktemp("structured-demo"))
+        with TestClient(create_app({"smollm2": omni}, settings)) as app:
+            yield app
+    finally:
+        omni._close()
+
+
+def holds_city(text: str) -> dict:
+    value = json.loads(text)
+    assert set(value) == {"city", "country", "population"}, value
+    assert isinstance(value["city"], str) and len(value["city"]) <= 40
+    assert isinstance(value["country"], str) and len(value["country"]) <= 40
+    assert isinstance(value["population"], int) and 0 <= value["population"] <= 100000000
+    return value
+
+
+def test_the_demo_model_answers_ten_prompts_in_the_schema_streamed_and_not(demo_app) -> None:
+    """Through the official client (its async form, all prompts at once): each answer is JSON in the
+    schema, and a JSON object when any object is asked for."""
+    schema = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}}
+
+    async def ask(client: openai.AsyncOpenAI, content: str, stream: bool, **fields) -> str:
+        fields = {"response_format": schema, "max_tokens": 80, **fields}
+        messages = [{"role": "user", "content": content}]
+        reply = await client.chat.completions.create(
+            model="smollm2", messages=messages, temperature=0, stream=stream, **fields
+        )
+        if not stream:
+            assert reply.choices[0].finish_reason == "stop"
+            return reply.choices[0].message.content
+        return "".join([c.choices[0].delta.content or "" async for c in reply if c.choices])
+
+    async def everything() -> tuple[list[str], list[str], str]:
+        transport = httpx.ASGITransport(app=demo_app.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver", timeout=300) as http:
+            client = openai.AsyncOpenAI(
+                base_url="http://testserver/v1", api_key="unused", http_client=http, max_retries=0
+            )
+            questions = [f"Give the city {c}, its country and population as JSON." for c in CITIES]
+            return await asyncio.gather(
+                asyncio.gather(*(ask(client, q, False) for q in questions)),
+                asyncio.gather(*(ask(client, q, True) for q in questions)),
+                ask(
+                    client,
+                    "Return a JSON object with the keys name and age for Ana, 31.",
+                    False,
+                    response_format={"type": "json_object"},
+                    max_tokens=120,
+                ),
+            )
+
+    answers, streamed, anything = asyncio.run(everything())
+    records = [holds_city(a) for a in answers]
+    assert len({r["city"] for r in records}) >= 5  # it answers each prompt, not one record for all
+    for text in streamed:
+        holds_city(text)
+    assert json.loads(anything) == {"name": "Ana", "age": 31}
