@@ -127,7 +127,7 @@ async def run_omnistage(
 
     async def one(prompt: str) -> tuple[float, np.ndarray]:
         began = time.perf_counter()
-        async for out in omni.generate(prompt, params):
+        async for out in omni.generate(prompt, params, modalities=["image"]):
             if out.finished:
                 if out.error is not None:
                     raise RuntimeError(out.error)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import Iterator
 
 import httpx
 import openai
@@ -38,15 +39,19 @@ PERSON = {
 MESSAGES = [{"role": "user", "content": "Describe a person as JSON."}]
 
 
-@pytest.fixture(scope="module")
-def app(tmp_path_factory):
-    omni = AsyncOmni(str(tiny_llm_dir("qwen2")), placement="inline")
+def served(model_dir, name: str, storage) -> Iterator[TestClient]:
+    """The model on the server's app, in this process (its stages inline)."""
+    omni = AsyncOmni(str(model_dir), placement="inline")
     try:
-        settings = ServerSettings(storage_dir=tmp_path_factory.mktemp("structured"))
-        with TestClient(create_app({"tiny": omni}, settings)) as client:
+        with TestClient(create_app({name: omni}, ServerSettings(storage_dir=storage))) as client:
             yield client
     finally:
         omni._close()
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    yield from served(tiny_llm_dir("qwen2"), "tiny", tmp_path_factory.mktemp("structured"))
 
 
 @pytest.fixture(scope="module")
@@ -177,13 +182,7 @@ def demo_app(tmp_path_factory):
     """The demo chat model (SmolLM2-135M-Instruct, trained weights), served in process."""
     from omnistage.demo.smollm import smollm2_dir
 
-    omni = AsyncOmni(str(smollm2_dir()), placement="inline")
-    try:
-        settings = ServerSettings(storage_dir=tmp_path_factory.mktemp("structured-demo"))
-        with TestClient(create_app({"smollm2": omni}, settings)) as app:
-            yield app
-    finally:
-        omni._close()
+    yield from served(smollm2_dir(), "smollm2", tmp_path_factory.mktemp("structured-demo"))
 
 
 def holds_city(text: str) -> dict:
