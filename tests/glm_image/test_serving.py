@@ -10,6 +10,7 @@ import base64
 import io
 import json
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -106,3 +107,43 @@ def test_fields_glm_image_cannot_honour_are_400(client: OpenAI, extra: dict, par
     with pytest.raises(openai.BadRequestError) as refused:
         client.images.generate(**fields)
     assert refused.value.status_code == 400 and speech_family.refused_param(refused.value) == param
+
+
+def test_more_bad_inputs_are_400(client: OpenAI, http) -> None:
+    """A size past GLM-Image's limit and an edit without an image (options it does not take: above)."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.images.generate(model=model(), prompt=PROMPTS[0][0], size="4096x2048")
+    assert speech_family.refused_param(refused.value) == "size", refused.value.body
+    reply = http.post("/v1/images/edits", data={"model": model(), "prompt": "make it blue"})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "image", reply.text
+
+
+def test_leaving_mid_render_frees_both_stages(http, server) -> None:
+    """A client that leaves while the AR model writes (a raw socket closed), or while the DiT denoises (a
+    stream dropped after its first progress), aborts the request: both stages let it go."""
+    import socket
+
+    from tests.speech.stages import aborted, metric, wait_idle
+    from tests.support.polling import wait_until
+
+    def holding(stage: str) -> bool:
+        return metric(http, "omnistage_stage_requests", model=model(), stage_name=stage) == 1
+
+    before = aborted(http, model())
+    body = json.dumps({"model": model(), "prompt": PROMPTS[0][0], "size": "1024x1024", **GREEDY}).encode()
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        head = f"POST /v1/images/generations HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        sock.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        wait_until(lambda: holding("ar"), 60, "the AR model writing its tokens")
+    wait_idle(http, model())
+    assert aborted(http, model()) == before + 1
+    messages = [{"role": "user", "content": PROMPTS[0][0]}]
+    chat = {"model": model(), "messages": messages, "modalities": ["image"], "stream": True, **GREEDY}
+    chat["num_inference_steps"] = 200
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=chat, timeout=120) as reply:
+        lines = reply.iter_lines()  # kept: a dropped iterator would close the stream
+        assert any('"progress"' in line for line in lines)
+        wait_until(lambda: holding("dit"), 60, "the DiT denoising")
+    wait_idle(http, model())
+    assert aborted(http, model()) == before + 2

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import io
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -119,3 +120,34 @@ def test_chat_about_an_image_answers_the_reference_text(client: OpenAI) -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_janus_dir()))
     assert reply.choices[0].message.content == tokenizer.decode(want, skip_special_tokens=True)
     assert reply.usage.completion_tokens == len(want)
+
+
+def test_an_edit_is_refused_and_leaving_an_answer_frees_the_stages(http, server) -> None:
+    """Janus does not edit (with or without an image: 400s naming `image`); a client that drops a streamed
+    answer aborts it, and no stage holds it after."""
+    from tests.speech.stages import aborted, metric, wait_idle
+    from tests.support.polling import wait_until
+
+    fields = {"model": model(), "prompt": "make it blue"}
+    bare = http.post("/v1/images/edits", data=fields)
+    png = io.BytesIO()
+    Image.new("RGB", (32, 32)).save(png, format="PNG")
+    edit = http.post("/v1/images/edits", data=fields, files={"image": ("a.png", png.getvalue(), "image/png")})
+    for reply in (bare, edit):
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == "image", reply.text
+    before = aborted(http, model())
+    body = {
+        "model": model(),
+        "messages": [{"role": "user", "content": "tell me a long story"}],
+        "stream": True,
+        "max_tokens": 3000,
+        "ignore_eos": True,
+    }
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=120) as reply:
+        lines = reply.iter_lines()  # kept: a dropped iterator would close the stream
+        next(line for line in lines if line.startswith("data: "))
+        wait_until(
+            lambda: metric(http, "omnistage_stage_requests", model=model(), stage_name="lm") == 1, 60, "lm"
+        )
+    wait_idle(http, model())
+    assert aborted(http, model()) == before + 1
