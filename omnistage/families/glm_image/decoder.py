@@ -12,6 +12,7 @@ codebook (markers) are never image tokens: a logits processor keeps them out.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -80,8 +81,6 @@ def default_size(root: Path) -> int:
     """Height and width for a request that names none: its DiT's `sample_size` (128 where unset) times the
     VAE's scale factor, the `default_sample_size` `GlmImagePipeline` keeps (its text-to-image call itself
     needs both given) and what the diffusion engine fills in for the DiT."""
-    import json
-
     sample = json.loads((root / "transformer" / "config.json").read_text()).get("sample_size") or 128
     blocks = json.loads((root / "vae" / "config.json").read_text())["block_out_channels"]
     return int(sample) * 2 ** (len(blocks) - 1)

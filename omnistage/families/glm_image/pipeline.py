@@ -125,7 +125,8 @@ def render_input(ctx: StageInputContext) -> StageRequest:
                 f"height/width); it wrote tokens for {height}x{width}",
                 param=name,
             )
-    images = source_images(ctx.prompt, params.image) if sources else []
+    # the images to edit as they came (the diffusion engine decodes a prompt's images)
+    images = list(params.image or getattr(ctx.prompt, "images", None) or []) if sources else []
     params = msgspec.structs.replace(params, height=height, width=width, image=None)
     prompt = TextPrompt(text=prompt_text(ctx.prompt), images=images)
     return StageRequest(

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import numpy as np
 import torch
 
 from omnistage.config.capabilities import Capabilities
@@ -76,8 +75,7 @@ def lm_input(ctx: StageInputContext) -> StageRequest:
 def understanding_input(ctx: StageInputContext) -> StageRequest:
     """A chat turn (text and images) → the processor's prompt, its image tokens' embeddings the vision
     encoder's; answered from the LM head until the end-of-text token, as `generate` in text mode."""
-    from PIL import Image
-
+    from omnistage import media
     from omnistage.families.janus.decoder import understanding_embeds
     from omnistage.stages.ar.ar_inputs import ARInputs
 
@@ -97,19 +95,14 @@ def understanding_input(ctx: StageInputContext) -> StageRequest:
         }
         for m in messages
     ]
-    images = [
-        i if isinstance(i, Image.Image) else Image.fromarray(np.asarray(i))
-        for i in getattr(prompt, "images", [])
-    ]
+    images = [media.decode_image(i).convert("RGB") for i in getattr(prompt, "images", [])]
     placeholders = sum(p.get("type") == "image" for m in turns for p in m["content"])
     if placeholders != len(images):
         raise InvalidRequestError(
             f"the messages hold {placeholders} image parts but {len(images)} images came", param="messages"
         )
     text = loaded.processor.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
-    inputs = loaded.processor(
-        text=text, images=[i.convert("RGB") for i in images] or None, return_tensors="pt"
-    )
+    inputs = loaded.processor(text=text, images=images or None, return_tensors="pt")
     ids = inputs["input_ids"]
     embeds = understanding_embeds(loaded, ids, inputs["pixel_values"]) if images else None
     eos = int(loaded.janus.generation_config.eos_token_id)

@@ -107,6 +107,7 @@ class GrammarConstraint:
         self.grammar, self.vocab_size = grammar, vocab_size
         self.matchers: dict[int, tuple[Any, list[int]]] = {}  # id(output ids) → matcher, tokens it took
         self.bitmask = xgrammar.allocate_token_bitmask(1, vocab_size)
+        self.stops = torch.tensor(grammar.tokenizer_info.stop_token_ids, dtype=torch.long)
 
     def __call__(self, output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
         import xgrammar
@@ -117,9 +118,8 @@ class GrammarConstraint:
                 raise RuntimeError(f"token {token} breaks the structured output's grammar")
             taken.append(token)
         if matcher.is_terminated():  # it ended: nothing but a stop token
-            stops = torch.tensor(self.grammar.tokenizer_info.stop_token_ids, dtype=torch.long)
             kept = torch.full_like(logits, NEG_INF)
-            kept[stops] = logits[stops]
+            kept[self.stops] = logits[self.stops]
             return kept
         matcher.fill_next_token_bitmask(self.bitmask)
         width = logits.shape[-1]
