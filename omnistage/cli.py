@@ -75,6 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--enable-sleep-mode", action="store_true", help="accepted (sleep is always available)"
     )
     serve.add_argument("--omni", action="store_true", help="accepted and ignored (vLLM-Omni's switch)")
+    serve.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="accepted (tool_choice auto is on for every model that calls tools)",
+    )
     add_server_args(serve)
     add_deploy_args(serve)
 

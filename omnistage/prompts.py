@@ -48,6 +48,8 @@ class TextPrompt(WithMedia, tag="text", kw_only=True):
 class ChatPrompt(WithMedia, tag="chat", kw_only=True):
     messages: list[dict[str, Any]]
     speaker: str | None = None  # the voice of a model that answers in speech
+    # Functions the model may call, in OpenAI's `tools` form (omnistage/tool_prompts.py writes them in).
+    tools: list[dict[str, Any]] | None = None
 
 
 class UploadedVoice(msgspec.Struct, kw_only=True):

@@ -30,6 +30,7 @@ ROUTES += ("transcriptions", "translations")
 PROMPTS += ("audio",)
 # Request field groups and the params type each fills.
 FIELD_GROUPS = ("sampling", "diffusion", "generation")
+TOOL_PARSERS = ("hermes", "json")  # the readers of serving/tool_parsers.py
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +117,9 @@ class Capabilities:
     audio_length_arg: str | None = None
     # The family's own fields of a speech request, typed, which its stages read from the speech prompt.
     speech_options: tuple[SpeechOption, ...] = ()
+    # How the model writes tool calls in a chat reply (serving/tool_parsers.py: "hermes", "json"); None:
+    # it takes no `tools` (its entry stage renders chat templates without them).
+    tool_parser: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "routes", tuple(self.routes))
@@ -137,6 +141,10 @@ class Capabilities:
         bad = [a for a, v in self.voice_aliases.items() if a not in self.voices or v not in self.voices]
         if bad:
             raise ConfigError(f"capabilities: voice alias {bad[0]!r} and its voice must both be in voices")
+        if self.tool_parser not in (None, *TOOL_PARSERS):
+            raise ConfigError(
+                f"capabilities: tool_parser must be one of {TOOL_PARSERS}, got {self.tool_parser!r}"
+            )
         if self.voices_of is not None and ":" not in self.voices_of:
             raise ConfigError(f"capabilities: voices_of must be 'module:function', got {self.voices_of!r}")
 

@@ -12,6 +12,7 @@ import asyncio
 from typing import Any
 
 from omnistage.config.capabilities import Limits
+from omnistage.errors import InvalidRequestError
 from omnistage.prompts import ChatPrompt
 from omnistage.serving.limits import check_audio, check_upload
 from omnistage.serving.media import decode_audio, decode_image, decode_video
@@ -37,7 +38,7 @@ class ChatBuilder:
         self.messages: list[dict[str, Any]] = []
         self.media: dict[str, list[Any]] = {"image": [], "audio": [], "video": []}
 
-    def as_prompt(self, speaker: str | None = None) -> ChatPrompt:
+    def as_prompt(self, speaker: str | None = None, tools: list[dict[str, Any]] | None = None) -> ChatPrompt:
         media = self.media
         return ChatPrompt(
             messages=self.messages,
@@ -45,6 +46,7 @@ class ChatBuilder:
             audios=media["audio"],
             videos=media["video"],
             speaker=speaker,
+            tools=tools,
         )
 
     def last_user_text(self) -> str:
@@ -66,17 +68,43 @@ async def build_chat_prompt(
     for i, message in enumerate(messages):
         role = ROLE_ALIASES.get(message.role, message.role)
         if message.content is None or isinstance(message.content, str):
-            prompt.messages.append({"role": role, "content": message.content or ""})
-            continue
-        parts = []
-        for j, part in enumerate(message.content):
-            where = f"messages[{i}].content[{j}]"
-            parts.append(await _convert_part(part, where, prompt, media, settings, limits))
-        if all(p["type"] == "text" for p in parts):
-            prompt.messages.append({"role": role, "content": "".join(p["text"] for p in parts)})
+            entry: dict[str, Any] = {"role": role, "content": message.content or ""}
         else:
-            prompt.messages.append({"role": role, "content": parts})
+            parts = []
+            for j, part in enumerate(message.content):
+                where = f"messages[{i}].content[{j}]"
+                parts.append(await _convert_part(part, where, prompt, media, settings, limits))
+            if all(p["type"] == "text" for p in parts):
+                entry = {"role": role, "content": "".join(p["text"] for p in parts)}
+            else:
+                entry = {"role": role, "content": parts}
+        prompt.messages.append(_with_tool_fields(entry, message, i, prompt.messages))
     return prompt
+
+
+def _with_tool_fields(
+    entry: dict[str, Any], message: ChatMessage, index: int, before: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """An assistant's tool calls and a tool result's call id (and function name, which some templates
+    print), in the form chat templates read."""
+    if message.tool_calls and message.role == "assistant":
+        entry["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.function.name, "arguments": call.function.arguments},
+            }
+            for call in message.tool_calls
+        ]
+    if message.role == "tool":
+        if not message.tool_call_id:
+            param = f"messages[{index}].tool_call_id"
+            raise InvalidRequestError(f"{param}: required for a tool message", param=param)
+        entry["tool_call_id"] = message.tool_call_id
+        names = {c["id"]: c["function"]["name"] for m in before for c in m.get("tool_calls") or ()}
+        if message.tool_call_id in names:
+            entry["name"] = names[message.tool_call_id]
+    return entry
 
 
 async def _convert_part(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from omnistage.config.capabilities import TOOL_PARSERS
 from omnistage.serving.settings import ServerSettings
 
 
@@ -115,6 +116,12 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         "--max-queued-requests", type=int, default=1024, help="admission limit per model; beyond it: 429"
     )
     group.add_argument(
+        "--tool-call-parser",
+        choices=TOOL_PARSERS,
+        default=None,
+        help="how a reply's tool calls are read (default: the format each model's pipeline declares)",
+    )
+    group.add_argument(
         "--no-playground",
         dest="playground",
         action="store_false",
@@ -143,4 +150,5 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         max_uploaded_voices=args.max_uploaded_voices,
         speech_stream_idle_timeout_s=args.speech_stream_idle_timeout,
         playground=args.playground,
+        tool_call_parser=args.tool_call_parser,
     )

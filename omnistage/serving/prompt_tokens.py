@@ -13,15 +13,21 @@ from typing import Any
 from omnistage.config.capabilities import Limits
 from omnistage.serving.limits import check_prompt_tokens
 from omnistage.serving.served import ServedModel
+from omnistage.tool_prompts import render_chat
 
 logger = logging.getLogger(__name__)
 
 
-def check_chat_tokens(model: ServedModel, messages: list[dict[str, Any]], limits: Limits) -> None:
+def check_chat_tokens(
+    model: ServedModel,
+    messages: list[dict[str, Any]],
+    limits: Limits,
+    tools: list[dict[str, Any]] | None = None,
+) -> None:
     if limits.max_input_tokens is None or model.tokenizer is None:
         return
     try:
-        ids = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = render_chat(model.tokenizer, messages, tools, add_generation_prompt=True, tokenize=True)
     except Exception as exc:  # no template, media parts it cannot render: the stage decides
         logger.info("cannot count the chat prompt's tokens for %s: %s", model.name, exc)
         return

@@ -65,10 +65,49 @@ ContentPart = Annotated[
 ]
 
 
+FUNCTION_NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"  # OpenAI's rule for function names
+
+
+class FunctionCall(OpenAIModel):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(OpenAIModel):
+    """A call the assistant made, as a client sends it back in the history."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(OpenAIModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
+
+
+class FunctionDefinition(OpenAIModel):
+    name: str = Field(pattern=FUNCTION_NAME_PATTERN)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; None: no arguments
+    strict: bool | None = None
+
+
+class Tool(OpenAIModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(OpenAIModel):
+    name: str
+
+
+class NamedToolChoice(OpenAIModel):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class StreamOptions(OpenAIModel):
@@ -152,6 +191,10 @@ class ChatCompletionRequest(SamplingFields, DiffusionFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     num_outputs_per_prompt: int | None = Field(None, ge=1, le=10)
+    # Function calling (serving/tool_calls.py); 128 tools at most, as OpenAI allows.
+    tools: list[Tool] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
     # Generation parameters as curl users nest them (the SDK flattens `extra_body=` to the top level).
     extra_body: dict[str, Any] | None = None
 

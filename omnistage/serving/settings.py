@@ -48,6 +48,9 @@ class ServerSettings:
     speech_stream_idle_timeout_s: float = 300.0
     # The browser playground at `/` and `/playground` (`--no-playground` turns it off).
     playground: bool = True
+    # How replies' tool calls are read (`--tool-call-parser`: serving/tool_parsers.py); None: each model's
+    # pipeline's own (`Capabilities.tool_parser`).
+    tool_call_parser: str | None = None
 
     def __post_init__(self) -> None:
         if self.storage_dir is not None:

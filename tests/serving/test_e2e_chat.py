@@ -5,6 +5,7 @@ import io
 import json
 
 import numpy as np
+import openai
 import pytest
 import soundfile as sf
 from PIL import Image
@@ -41,6 +42,18 @@ def test_chat_streaming_deltas_add_up_to_the_same_text(client, reference):
     assert finals == ["length"]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
     assert all(c.model_extra.get("modality") == "text" for c in chunks if c.choices)
+
+
+def test_tools_on_a_model_that_takes_none_are_a_400_naming_them(client):
+    """toy-omni's pipeline declares no tool-call format: `tools` is refused, `tool_choice: none` is not."""
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="toy-omni", messages=HELLO, max_tokens=2, tools=[tool])
+    assert refused.value.body["param"] == "tools" and "does not call tools" in refused.value.body["message"]
+    reply = client.chat.completions.create(
+        model="toy-omni", messages=HELLO, max_tokens=2, tools=[tool], tool_choice="none"
+    )
+    assert reply.choices[0].message.tool_calls is None
 
 
 def test_chat_n_choices_and_developer_role(client):

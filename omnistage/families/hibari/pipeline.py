@@ -28,9 +28,10 @@ from omnistage.families.hibari.units import speech_units
 from omnistage.families.hibari.voice import BUNDLED_VOICE, SPEED_RANGE, check_speed
 from omnistage.outputs import StageOutput, TokenCounts
 from omnistage.params import GenerationParams
-from omnistage.prompts import SpeechPrompt, prompt_text
+from omnistage.prompts import ChatPrompt, SpeechPrompt, prompt_text
 from omnistage.stages.base import StageInputContext, StageRequest
 from omnistage.stages.generation.generation_inputs import GenerationInputs
+from omnistage.tool_prompts import speakable
 
 HERE = Path(__file__).parent
 FAMILY = f"{__package__}:register"  # omnistage/families/registry.py
@@ -70,8 +71,11 @@ def speech_input(ctx: StageInputContext) -> StageRequest:
 
 
 def reply_input(ctx: StageInputContext) -> StageRequest:
-    """Full handoff: the LLM's finished answer."""
-    units, _ = speech_units(ctx.upstream[0].text, final=True, first=True)
+    """Full handoff: the LLM's finished answer (without its tool calls)."""
+    text = ctx.upstream[0].text
+    if _calls_tools(ctx):
+        text, _ = speakable(text, final=True)
+    units, _ = speech_units(text, final=True, first=True)
     return StageRequest(
         ctx.request_id, params=voice_params(ctx), inputs=GenerationInputs(_frames(ctx, units))
     )
@@ -82,8 +86,11 @@ def reply_chunk(
 ) -> StageRequest | GenerationInputs | None:
     """Async chunk: each complete unit of the LLM's text, as soon as the text shows it is complete."""
     state = ctx.state
-    state["text"] = state.get("text", "") + chunk.text
-    units, state["text"] = speech_units(state["text"], final=last, first=not state.get("spoken"))
+    text, held = state.get("text", "") + chunk.text, ""
+    if _calls_tools(ctx):  # a tool call is read by the server, never said
+        text, held = speakable(text, final=last)
+    units, rest = speech_units(text, final=last, first=not state.get("spoken"))
+    state["text"] = rest + held
     state["spoken"] = state.get("spoken", False) or bool(units)
     frames = _frames(ctx, units)
     if not state.get("started"):
@@ -92,6 +99,10 @@ def reply_chunk(
         state["started"] = True
         return StageRequest(ctx.request_id, params=voice_params(ctx), inputs=GenerationInputs(frames))
     return GenerationInputs(frames) if len(frames) or last else None
+
+
+def _calls_tools(ctx: StageInputContext) -> bool:
+    return isinstance(ctx.prompt, ChatPrompt) and bool(ctx.prompt.tools)
 
 
 def _frames(ctx: StageInputContext, units: list[str]) -> torch.Tensor:
@@ -168,5 +179,6 @@ SPOKEN_CHAT = PipelineSpec(
         fields={"sampling": (0,), "generation": (1,)},
         voices=VOICES,
         voice_aliases=ALIASES,
+        tool_parser="hermes",  # the LLM stage renders tools (omnistage/tool_prompts.py); never spoken
     ),
 )

@@ -25,7 +25,11 @@ LLM_PIPELINE = PipelineSpec(
     family=FAMILY,
     # Chat and completions; a reply without max_tokens runs to the engine's context (max_model_len, from
     # the config's max_position_embeddings unless the deploy sets it) minus the prompt.
-    capabilities=Capabilities(routes=("chat", "completions"), prompt="chat", fields={"sampling": (0,)}),
+    # Tools: written in by the model's chat template, or in Hermes form where the template has no tools
+    # (omnistage/tool_prompts.py); --tool-call-parser json for a template that asks for bare JSON calls.
+    capabilities=Capabilities(
+        routes=("chat", "completions"), prompt="chat", fields={"sampling": (0,)}, tool_parser="hermes"
+    ),
 )
 
 

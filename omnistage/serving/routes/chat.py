@@ -40,6 +40,9 @@ from omnistage.serving.stage_params import (
     diffusion_origins,
     sampling_fields,
 )
+from omnistage.serving.structured_outputs import structured_outputs_of
+from omnistage.serving.tool_calls import ToolPlan, plan_tools, request_tools
+from omnistage.serving.tool_parsers import Reader, read_whole
 
 router = APIRouter()
 AUDIO_EXPIRY_S = 24 * 3600
@@ -57,7 +60,8 @@ async def chat_completions(
     limits = model.limits(ctx.settings)
     chat = await build_chat_prompt(body.messages, ctx.media, ctx.settings, limits)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    plans = _plan(body, model, chat, ctx)
+    tools = _tool_plan(body, model, ctx)
+    plans = _plan(body, model, chat, ctx, tools)
     streams = [
         generate(
             model,
@@ -71,6 +75,7 @@ async def chat_completions(
     ]
     logprobs = TokenLogprobs(model.tokenizer) if body.logprobs else None
     reply = _Reply(request_id, model.name, _audio_format(body), "text" in modalities, logprobs)
+    reply.readers = [tools.reader() for _ in plans]
     if body.stream:
         primed = await unless_disconnected(request, prime(streams))
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -81,8 +86,19 @@ async def chat_completions(
     return await asyncio.to_thread(lambda: JSONResponse(reply.completion(outputs)))
 
 
+def _tool_plan(body: ChatCompletionRequest, model: ServedModel, ctx: ServerContext) -> ToolPlan:
+    """The request's tools against what the model takes (its parser, or the server's `--tool-call-parser`
+    for a model that takes tools)."""
+    declared = model.capabilities.tool_parser
+    parser = declared and (ctx.settings.tool_call_parser or declared)
+    tools, choice = request_tools(body)
+    return plan_tools(
+        tools, choice, body.parallel_tool_calls, parser, model.name, structured_outputs_of(body)
+    )
+
+
 def _plan(
-    body: ChatCompletionRequest, model: ServedModel, chat: ChatPrompt, ctx: ServerContext
+    body: ChatCompletionRequest, model: ServedModel, chat: ChatPrompt, ctx: ServerContext, tools: ToolPlan
 ) -> list[tuple]:
     """(prompt, per-stage params) for each runtime request this chat request becomes: one for a model
     prompted with text (`n` becomes its number of outputs), `n` for one prompted with chat messages."""
@@ -110,8 +126,8 @@ def _plan(
             f"audio.voice: unknown voice {voice!r}; model {model.name!r} has {list(voices)}",
             param="audio.voice",
         )
-    prompt = chat.as_prompt(speaker=body.speaker or body.voice or voice)
-    check_chat_tokens(model, chat.messages, limits)
+    prompt = chat.as_prompt(speaker=body.speaker or body.voice or voice, tools=tools.tools)
+    check_chat_tokens(model, chat.messages, limits, tools.tools)
     diffusion = diffusion_fields(body, seed=body.seed)  # an AR → DiT pipeline's DiT
     max_tokens = body.max_completion_tokens or body.max_tokens
     plans = []
@@ -121,6 +137,8 @@ def _plan(
             sampling["logprobs"] = body.top_logprobs or 0
         if body.seed is not None:
             sampling["seed"] = body.seed + i
+        if tools.constraint is not None:  # a required or named call: its JSON, by grammar
+            sampling["structured_outputs"] = tools.constraint
         params = build_stage_params(
             model,
             sampling=sampling,
@@ -176,6 +194,7 @@ class _Reply:
         self.model = model
         self.audio_format = audio_format
         self.created = int(time.time())
+        self.readers: list[Reader | None] = []  # per choice, where the request reads tool calls
 
     def completion(self, outputs: list[OmniRequestOutput]) -> dict[str, Any]:
         choices = [self._choice(i, out) for i, out in enumerate(outputs)]
@@ -191,6 +210,15 @@ class _Reply:
     def _choice(self, index: int, out: OmniRequestOutput) -> dict[str, Any]:
         text = out.text if self.text_out else ""
         message: dict[str, Any] = {"role": "assistant", "content": text or None}
+        finish_reason = out.finish_reason or "stop"
+        reader = self.reader(index)
+        if reader is not None and self.text_out:
+            text, calls = read_whole(reader, text)
+            message["content"] = text
+            text = text or ""
+            if calls:
+                message["tool_calls"] = calls
+                finish_reason = _calls_finish(finish_reason)
         media = [_image_part(img) for img in images_of(out)]
         media += [_video_part(v, fps_of(out)) for v in videos_of(out)]
         if media:
@@ -210,8 +238,11 @@ class _Reply:
             "index": index,
             "message": message,
             "logprobs": self._logprobs(out.logprobs),
-            "finish_reason": out.finish_reason or "stop",
+            "finish_reason": finish_reason,
         }
+
+    def reader(self, index: int) -> Reader | None:
+        return self.readers[index] if index < len(self.readers) else None
 
     def _logprobs(self, entries: list[Any]) -> dict[str, Any] | None:
         return None if self.logprobs is None else {"content": self.logprobs.content(entries)}
@@ -291,7 +322,11 @@ async def _stream_events(
                 rest = out.logprobs[logprobs_sent[index] :] if reply.logprobs and reply.text_out else []
                 if rest:  # tokens of the last step, reported only with the terminal output
                     yield reply.chunk(index, {"content": ""}, "text", logprobs=rest)
-                yield reply.chunk(index, {}, out.modality or "text", out.finish_reason or "stop")
+                finish_reason = out.finish_reason or "stop"
+                reader = reply.reader(index)
+                if reader is not None and reader.calls:
+                    finish_reason = _calls_finish(finish_reason)
+                yield reply.chunk(index, {}, out.modality or "text", finish_reason)
         if include_usage:
             yield reply.usage_chunk([f for f in finals if f is not None])
     except OmniError as exc:
@@ -299,9 +334,17 @@ async def _stream_events(
     yield DONE
 
 
+def _calls_finish(finish_reason: str) -> str:
+    """A reply that called tools ends with "tool_calls", unless it was cut short."""
+    return finish_reason if finish_reason == "length" else "tool_calls"
+
+
 def _delta_events(reply: _Reply, index: int, out: OmniRequestOutput) -> list[str]:
     events = []
-    if (out.delta_text or out.delta_logprobs) and reply.text_out:
+    reader = reply.reader(index)
+    if reader is not None and reply.text_out:
+        events += _tool_reader_events(reply, index, reader, out)
+    elif (out.delta_text or out.delta_logprobs) and reply.text_out:
         events.append(reply.chunk(index, {"content": out.delta_text}, "text", logprobs=out.delta_logprobs))
     samples = audio_of(out, delta=True)
     if samples is not None:
@@ -315,4 +358,25 @@ def _delta_events(reply: _Reply, index: int, out: OmniRequestOutput) -> list[str
         for video in videos_of(out):
             url = data_url("video/mp4", encode_video(video, fps_of(out)))
             events.append(reply.chunk(index, {"content": url}, "video"))
+    return events
+
+
+def _tool_reader_events(reply: _Reply, index: int, reader: Reader, out: OmniRequestOutput) -> list[str]:
+    """A delta's text as the reader splits it: content, and calls as OpenAI streams them (a first delta
+    with the call's id, type and name, then its arguments)."""
+    deltas = reader.feed(out.delta_text) + (reader.finish() if out.finished else [])
+    events, logprobs = [], out.delta_logprobs
+    for delta in deltas:
+        if delta.kind == "content":
+            events.append(reply.chunk(index, {"content": delta.text}, "text", logprobs=logprobs))
+            logprobs = []
+            continue
+        if delta.kind == "call":
+            call = {"name": delta.name, "arguments": ""}
+            entry = {"index": delta.index, "id": delta.call_id, "type": "function", "function": call}
+        else:
+            entry = {"index": delta.index, "function": {"arguments": delta.text}}
+        events.append(reply.chunk(index, {"tool_calls": [entry]}, "text"))
+    if logprobs:  # the tokens of text held back or inside a call
+        events.append(reply.chunk(index, {"content": ""}, "text", logprobs=logprobs))
     return events

@@ -22,6 +22,7 @@ from omnistage.stages.ar.ar_inputs import ARInputs
 from omnistage.stages.ar.sequence import ARRequest
 from omnistage.stages.base import StageRequest
 from omnistage.stages.typed_inputs import inputs_of
+from omnistage.tool_prompts import render_chat
 
 
 @dataclasses.dataclass
@@ -149,7 +150,7 @@ def _prompt_token_ids(prompt: Any, rules: InputRules, embeds: torch.Tensor | Non
     if isinstance(prompt, TextPrompt) and prompt.text is not None:
         return _encode(prompt.text, rules)
     if isinstance(prompt, ChatPrompt | SpeechPrompt):
-        return _chat(prompt.messages, rules)
+        return _chat(prompt.messages, rules, getattr(prompt, "tools", None))
     if prompt is None or isinstance(prompt, TextPrompt):
         if embeds is not None:  # embeddings alone: placeholder ids keep the per-token bookkeeping uniform
             return [rules.pad_token_id] * embeds.shape[0]
@@ -182,13 +183,13 @@ def _encode(text: Any, rules: InputRules) -> list[int]:
     return list(_need_tokenizer(rules, "prompt")(text)["input_ids"])
 
 
-def _chat(messages: Any, rules: InputRules) -> list[int]:
+def _chat(messages: Any, rules: InputRules, tools: list[dict[str, Any]] | None = None) -> list[int]:
     tokenizer = _need_tokenizer(rules, "messages")
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise InvalidRequestError("messages must be a list of {role, content} objects", param="messages")
     if getattr(tokenizer, "chat_template", None) is None:
         raise InvalidRequestError("this model's tokenizer has no chat template", param="messages")
-    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    out = render_chat(tokenizer, messages, tools, add_generation_prompt=True, tokenize=True)
     ids = out["input_ids"] if not isinstance(out, list) else out
     return [int(t) for t in ids]
 
