@@ -56,7 +56,7 @@ def plan_tools(
     `structured` the request's own structured-output constraint, if any."""
     named = tool_choice if isinstance(tool_choice, dict) else None
     choice = "named" if named else (tool_choice or ("auto" if tools else "none"))
-    if choice != "none" and not tools:
+    if choice in ("required", "named") and not tools:
         raise InvalidRequestError(f"tool_choice: {choice!r} needs `tools`", param="tool_choice")
     if not tools or choice == "none":
         return ToolPlan()

@@ -19,16 +19,39 @@ def new_id(prefix: str) -> str:
 
 @dataclasses.dataclass
 class Item:
-    """One message. A user's audio item carries its samples; its transcript arrives later (`heard`)."""
+    """One message, function call or call's result. A user's audio item carries its samples; its
+    transcript arrives later (`heard`). A call has its function's name, call id and arguments (JSON text);
+    a result its call id and the output (`text`)."""
 
     id: str
     role: str
-    kind: str  # input_audio | input_text | output_audio | output_text
+    kind: str  # input_audio | input_text | output_audio | output_text | function_call | function_call_output
     text: str | None = None
     audio: np.ndarray | None = None
     heard: asyncio.Future | None = None  # the transcript of an audio item, when one is being made
+    name: str | None = None
+    call_id: str | None = None
+    arguments: str = ""
 
     def public(self, status: str = "completed") -> dict[str, Any]:
+        if self.kind == "function_call":
+            call = {"name": self.name, "call_id": self.call_id, "arguments": self.arguments}
+            return {
+                "id": self.id,
+                "type": "function_call",
+                "object": "realtime.item",
+                "status": status,
+                **call,
+            }
+        if self.kind == "function_call_output":
+            result = {"call_id": self.call_id, "output": self.text or ""}
+            item = {
+                "id": self.id,
+                "type": "function_call_output",
+                "object": "realtime.item",
+                "status": status,
+            }
+            return {**item, **result}
         text_key = "transcript" if self.kind.endswith("audio") else "text"
         part = {"type": self.kind, text_key: self.text}
         return {
@@ -68,5 +91,26 @@ class Conversation:
                 continue
             if item.kind == "input_audio" and item.text is None and item.heard is not None:
                 item.text = await asyncio.shield(item.heard)
+            if item.kind in ("function_call", "function_call_output"):
+                _add_tool_turn(chat.messages, item)
+                continue
             chat.messages.append({"role": item.role, "content": item.text or ""})
         return chat
+
+
+def _add_tool_turn(messages: list[dict[str, Any]], item: Item) -> None:
+    """A call joins the assistant turn before it (its text and other calls); a result is a `tool` turn."""
+    if item.kind == "function_call_output":
+        names = {c["id"]: c["function"]["name"] for m in messages for c in m.get("tool_calls") or ()}
+        result = {"role": "tool", "tool_call_id": item.call_id, "content": item.text or ""}
+        messages.append({**result, **({"name": names[item.call_id]} if item.call_id in names else {})})
+        return
+    call = {
+        "id": item.call_id,
+        "type": "function",
+        "function": {"name": item.name, "arguments": item.arguments},
+    }
+    if messages and messages[-1]["role"] == "assistant" and isinstance(messages[-1]["content"], str):
+        messages[-1].setdefault("tool_calls", []).append(call)
+    else:
+        messages.append({"role": "assistant", "content": "", "tool_calls": [call]})

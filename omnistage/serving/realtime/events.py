@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from omnistage.serving.errors import field_path
+from omnistage.serving.protocol import FUNCTION_NAME_PATTERN
 
 SAMPLE_RATE = 24000  # the API's pcm16 rate, in and out
 CLIENT_EVENTS = (
@@ -77,6 +78,37 @@ class Audio(_Strict):
     output: AudioOutput = AudioOutput()
 
 
+class RealtimeTool(_Strict):
+    """A function the model may call (the realtime API's flat form of a chat `tools` entry)."""
+
+    type: Literal["function"] = "function"
+    name: str = Field(pattern=FUNCTION_NAME_PATTERN)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+    def as_chat_tool(self) -> dict[str, Any]:
+        function = self.model_dump(exclude={"type"}, exclude_none=True)
+        return {"type": "function", "function": function}
+
+
+class ToolChoiceFunction(_Strict):
+    type: Literal["function"]
+    name: str
+
+
+ToolChoice = Literal["auto", "none", "required"] | ToolChoiceFunction
+
+
+def _chosen_tool_is_listed(choice: Any, tools: list[RealtimeTool] | None) -> Any:
+    if isinstance(choice, ToolChoiceFunction) and tools is not None:
+        names = [t.name for t in tools]
+        if choice.name not in names:
+            raise ValueError(
+                f"function {choice.name!r} is not one of the tools ({', '.join(names) or 'none'})"
+            )
+    return choice
+
+
 class SessionConfig(_Strict):
     """The `session` object. `temperature`, `seed` and `stage_params` are omnistage's (GA has no sampling
     fields): with them a session answers reproducibly; `stage_params[i]` reaches stage i, as in chat."""
@@ -92,8 +124,8 @@ class SessionConfig(_Strict):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     seed: int | None = None
     stage_params: list[dict[str, Any] | None] | None = None
-    tools: list[Any] = []
-    tool_choice: Any = None
+    tools: list[RealtimeTool] = Field([], max_length=128)
+    tool_choice: ToolChoice = "auto"
     tracing: Any = None
     include: Any = None
     truncation: Any = None
@@ -107,12 +139,10 @@ class SessionConfig(_Strict):
             raise ValueError("must be ['audio'] (audio with its transcript) or ['text']")
         return value
 
-    @field_validator("tools")
+    @field_validator("tool_choice")
     @classmethod
-    def _no_tools(cls, value: list[Any]) -> list[Any]:
-        if value:
-            raise ValueError("tools are not supported by omnistage realtime sessions")
-        return value
+    def _listed(cls, value: Any, info: ValidationInfo) -> Any:
+        return _chosen_tool_is_listed(value, info.data.get("tools"))
 
     @field_validator("max_output_tokens")
     @classmethod
@@ -148,6 +178,13 @@ class ResponseOptions(_Strict):
     metadata: dict[str, str] | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     audio: dict[str, Any] | None = None
+    tools: list[RealtimeTool] | None = Field(None, max_length=128)  # None: the session's
+    tool_choice: ToolChoice | None = None
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _listed(cls, value: Any, info: ValidationInfo) -> Any:
+        return _chosen_tool_is_listed(value, info.data.get("tools"))
 
 
 class ContentPart(_Strict):
@@ -164,6 +201,29 @@ class MessageItem(_Strict):
     status: str | None = None
     role: Literal["user", "assistant", "system"]
     content: list[ContentPart]
+
+
+class FunctionCallItem(_Strict):
+    """A call the client adds to the conversation (one it made itself, or replays)."""
+
+    id: str | None = None
+    type: Literal["function_call"]
+    object: str | None = None
+    status: str | None = None
+    name: str = Field(pattern=FUNCTION_NAME_PATTERN)
+    call_id: str | None = None
+    arguments: str
+
+
+class FunctionCallOutputItem(_Strict):
+    """The result of a call the model made, which the next response reads."""
+
+    id: str | None = None
+    type: Literal["function_call_output"]
+    object: str | None = None
+    status: str | None = None
+    call_id: str = Field(min_length=1)
+    output: str
 
 
 def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:

@@ -29,6 +29,8 @@ from omnistage.serving.realtime.audio import AudioBuffer, decode_pcm16, ms
 from omnistage.serving.realtime.conversation import Conversation, Item, new_id
 from omnistage.serving.realtime.events import (
     BadEvent,
+    FunctionCallItem,
+    FunctionCallOutputItem,
     MessageItem,
     ResponseOptions,
     SessionConfig,
@@ -163,6 +165,8 @@ class RealtimeSession:
                 "when connecting (?model=...)",
                 "session.model",
             )
+        if config.tools and self.model.capabilities.tool_parser is None:
+            raise BadEvent(f"session.tools: model {self.model.name!r} does not call tools", "session.tools")
         try:
             if config.speaks:
                 self.ctx.voices.check(self.model, config.audio.output.voice, "session.audio.output.voice")
@@ -317,6 +321,19 @@ class RealtimeSession:
         return self._in_background(run())
 
     async def _create_item(self, event: dict[str, Any]) -> None:
+        kind = (event.get("item") or {}).get("type") if isinstance(event.get("item"), dict) else None
+        if kind == "function_call":
+            call = validated(FunctionCallItem, event["item"], "item")
+            item = Item(call.id or new_id("item"), "assistant", "function_call", name=call.name)
+            item.call_id, item.arguments = call.call_id or new_id("call"), call.arguments
+            await self._add_item(item)
+            return
+        if kind == "function_call_output":
+            result = validated(FunctionCallOutputItem, event["item"], "item")
+            item = Item(result.id or new_id("item"), "tool", "function_call_output", text=result.output)
+            item.call_id = result.call_id
+            await self._add_item(item)
+            return
         message = validated(MessageItem, event.get("item"), "item")
         if len(message.content) != 1:
             raise BadEvent("item.content: omnistage takes one content part per item", "item.content")
