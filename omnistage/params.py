@@ -122,6 +122,15 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, tag=True)
         return self.temperature < 1e-5 or self.top_k == 1
 
 
+class LoraRequest(msgspec.Struct, kw_only=True, frozen=True):
+    """A LoRA adapter for one diffusion request: its name, its file (a PEFT / diffusers safetensors file or
+    the directory holding it; the server fills it from its registry), and the scale it applies at."""
+
+    name: str
+    path: str | None = None
+    scale: float = 1.0
+
+
 class DiffusionParams(msgspec.Struct, kw_only=True, omit_defaults=True, tag=True):
     """Generation settings for diffusion stages. `None` means: the pipeline's own default.
 
@@ -153,6 +162,8 @@ class DiffusionParams(msgspec.Struct, kw_only=True, omit_defaults=True, tag=True
     cache_options: dict[str, Any] = msgspec.field(default_factory=dict)
     # Extra keyword arguments passed to the diffusers pipeline call.
     extra: dict[str, Any] = msgspec.field(default_factory=dict)
+    # A LoRA adapter applied to this request only (stages/diffusion/lora.py).
+    lora: LoraRequest | None = None
 
     def __post_init__(self) -> None:
         for name in ("height", "width", "num_frames", "fps", "num_inference_steps", "max_sequence_length"):

@@ -20,6 +20,7 @@ from omnistage import __version__
 from omnistage.serving.context import ServerContext
 from omnistage.serving.errors import document_400, install_error_handlers
 from omnistage.serving.guards import RequestGuard, ServerState
+from omnistage.serving.loras import LoraRegistry
 from omnistage.serving.media_sources import MediaSources
 from omnistage.serving.metrics import MetricsMiddleware, ServerMetrics
 from omnistage.serving.routes import (
@@ -27,6 +28,7 @@ from omnistage.serving.routes import (
     chat,
     completions,
     images,
+    lora_adapters,
     omni_control,
     playground,
     speech,
@@ -76,6 +78,7 @@ def create_app(
         media=MediaSources(settings),
         videos=VideoJobStore(storage),
         voices=Voices(served, VoiceStore(voices_dir, settings.max_uploaded_voices)),
+        loras=LoraRegistry(settings.lora_modules, settings.allowed_local_media_path),
     )
 
     @contextlib.asynccontextmanager
@@ -93,7 +96,7 @@ def create_app(
     install_error_handlers(app, settings.retry_after_s)
     app.include_router(realtime_routes.router)
     routes = (chat, completions, speech, speech_batch, speech_stream, voice_routes, audio_generate)
-    for module in (*routes, transcriptions, images, videos, model_routes, omni_control):
+    for module in (*routes, transcriptions, images, videos, model_routes, omni_control, lora_adapters):
         app.include_router(module.router)
     if settings.playground:
         app.include_router(playground.router)

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from omnistage.config.capabilities import TOOL_PARSERS
+from omnistage.serving.loras import parse_lora_modules
 from omnistage.serving.settings import ServerSettings
 
 
@@ -116,6 +117,13 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         "--max-queued-requests", type=int, default=1024, help="admission limit per model; beyond it: 429"
     )
     group.add_argument(
+        "--lora-modules",
+        nargs="+",
+        default=None,
+        metavar="NAME=PATH",
+        help="LoRA adapters (PEFT / diffusers safetensors) diffusion requests may name in `lora`",
+    )
+    group.add_argument(
         "--tool-call-parser",
         choices=TOOL_PARSERS,
         default=None,
@@ -151,4 +159,12 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         speech_stream_idle_timeout_s=args.speech_stream_idle_timeout,
         playground=args.playground,
         tool_call_parser=args.tool_call_parser,
+        lora_modules=lora_modules(args.lora_modules),
     )
+
+
+def lora_modules(values: list[str] | None) -> dict[str, Path]:
+    try:
+        return parse_lora_modules(values)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import Request
 
 from omnistage.serving.guards import ServerState
+from omnistage.serving.loras import LoraRegistry
 from omnistage.serving.media_sources import MediaSources
 from omnistage.serving.metrics import ServerMetrics
 from omnistage.serving.served import ServedModel, ServedModels
@@ -28,6 +29,7 @@ class ServerContext:
     media: MediaSources
     videos: VideoJobStore
     voices: Voices
+    loras: LoraRegistry = dataclasses.field(default_factory=LoraRegistry)
     video_tasks: dict[str, asyncio.Task] = dataclasses.field(default_factory=dict)
     sleeping: dict[str, set[int]] = dataclasses.field(default_factory=dict)  # model → stage ids asleep
 

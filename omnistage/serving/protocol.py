@@ -179,9 +179,18 @@ class DiffusionFields(OpenAIModel):
     guidance_scale: float | None = Field(None, ge=0.0, le=20.0)
     guidance_scale_2: float | None = Field(None, ge=0.0, le=20.0)  # a two-expert model's low-noise expert
     true_cfg_scale: float | None = Field(None, ge=0.0, le=20.0)
+    # A LoRA adapter for this request (serving/loras.py: vLLM-Omni's flexible keys, checked there).
+    lora: dict[str, Any] | None = None
 
 
 class ChatCompletionRequest(SamplingFields, DiffusionFields):
+    # An example for the OpenAPI page (and the first request schemathesis sends, tests/serving).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 16}]
+        }
+    )
+
     messages: list[ChatMessage] = Field(min_length=1)
     modalities: list[Literal["text", "audio", "image", "video"]] | None = Field(None, min_length=1)
     audio: AudioOutputOptions | None = None

@@ -51,6 +51,8 @@ class ServerSettings:
     # How replies' tool calls are read (`--tool-call-parser`: serving/tool_parsers.py); None: each model's
     # pipeline's own (`Capabilities.tool_parser`).
     tool_call_parser: str | None = None
+    # LoRA adapters diffusion requests may name (`--lora-modules NAME=PATH`; serving/loras.py).
+    lora_modules: dict[str, Path] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.storage_dir is not None:

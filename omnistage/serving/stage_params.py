@@ -190,8 +190,10 @@ def diffusion_fields(
     mask: Any = None,
     num_frames: int | None = None,
     fps: int | None = None,
+    lora: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """DiffusionParams fields from a request's generation fields (only what the client set)."""
+    """DiffusionParams fields from a request's generation fields (only what the client set); `lora` the
+    adapter as the server resolved it (serving/loras.py)."""
     fields: dict[str, Any] = {}
     for name in (
         "negative_prompt",
@@ -214,6 +216,7 @@ def diffusion_fields(
         "mask": mask,
         "num_frames": num_frames,
         "fps": fps,
+        "lora": lora,
     }
     fields.update({k: v for k, v in optional.items() if v is not None})
     return fields

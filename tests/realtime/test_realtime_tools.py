@@ -126,6 +126,7 @@ def test_a_spoken_chat_reply_says_its_text_and_never_its_call(realtime_client: O
         max_tokens=80,
     ).choices[0]
     assert reply.finish_reason == "tool_calls" and reply.message.content == sentence
+    assert reply.message.audio.transcript == sentence
     [made] = reply.message.tool_calls
     assert (made.function.name, json.loads(made.function.arguments)) == (
         "get_weather",

@@ -11,18 +11,14 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
-from fastapi.testclient import TestClient
 from openai import OpenAI
 
-from omnistage import AsyncOmni
 from omnistage.families.llm.tiny import tiny_llm_dir
-from omnistage.serving.app import create_app
-from omnistage.serving.settings import ServerSettings
+from tests.support.in_process import served
 
 pytestmark = pytest.mark.engine
 
@@ -37,16 +33,6 @@ PERSON = {
     "additionalProperties": False,
 }
 MESSAGES = [{"role": "user", "content": "Describe a person as JSON."}]
-
-
-def served(model_dir, name: str, storage) -> Iterator[TestClient]:
-    """The model on the server's app, in this process (its stages inline)."""
-    omni = AsyncOmni(str(model_dir), placement="inline")
-    try:
-        with TestClient(create_app({name: omni}, ServerSettings(storage_dir=storage))) as client:
-            yield client
-    finally:
-        omni._close()
 
 
 @pytest.fixture(scope="module")

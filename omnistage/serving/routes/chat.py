@@ -110,6 +110,7 @@ def _plan(
             seed=extras.seed,
             num_outputs=extras.num_outputs_per_prompt or (body.n if body.n > 1 else None),
             images=chat.media["image"] or None,
+            lora=ctx.loras.for_model(model, extras.lora),
         )
         params = build_stage_params(
             model,
@@ -128,7 +129,8 @@ def _plan(
         )
     prompt = chat.as_prompt(speaker=body.speaker or body.voice or voice, tools=tools.tools)
     check_chat_tokens(model, chat.messages, limits, tools.tools)
-    diffusion = diffusion_fields(body, seed=body.seed)  # an AR → DiT pipeline's DiT
+    lora = ctx.loras.for_model(model, body.lora) if body.lora is not None else None
+    diffusion = diffusion_fields(body, seed=body.seed, lora=lora)  # an AR → DiT pipeline's DiT
     max_tokens = body.max_completion_tokens or body.max_tokens
     plans = []
     for i in range(body.n):
@@ -210,12 +212,12 @@ class _Reply:
     def _choice(self, index: int, out: OmniRequestOutput) -> dict[str, Any]:
         text = out.text if self.text_out else ""
         message: dict[str, Any] = {"role": "assistant", "content": text or None}
-        finish_reason = out.finish_reason or "stop"
+        finish_reason, transcript = out.finish_reason or "stop", out.text
         reader = self.reader(index)
         if reader is not None and self.text_out:
             text, calls = read_whole(reader, text)
-            message["content"] = text
-            text = text or ""
+            message["content"], text = text, text or ""
+            transcript = text  # what the audio says: never a call
             if calls:
                 message["tool_calls"] = calls
                 finish_reason = _calls_finish(finish_reason)
@@ -230,7 +232,7 @@ class _Reply:
                 "id": f"audio_{self.id}_{index}",
                 "data": base64.b64encode(data).decode(),
                 "expires_at": self.created + AUDIO_EXPIRY_S,
-                "transcript": out.text,
+                "transcript": transcript,
                 "format": self.audio_format,
                 "sample_rate": rate,
             }

@@ -47,7 +47,12 @@ async def _run(
         size = "{}x{}".format(*images[0].size)  # edits default to the first input image's size
     body = body.model_copy(update={"size": size})
     fields = diffusion_fields(
-        body, seed=body.seed, num_outputs=body.n if body.n > 1 else None, images=images, mask=mask
+        body,
+        seed=body.seed,
+        num_outputs=body.n if body.n > 1 else None,
+        images=images,
+        mask=mask,
+        lora=ctx.loras.for_model(model, body.lora),
     )
     params = build_stage_params(
         model,
@@ -86,7 +91,9 @@ async def generations(
 @router.post("/v1/images/edits", openapi_extra=multipart_openapi(ImageEditForm, EDIT_FILES, ("image",)))
 async def edits(request: Request, ctx: ServerContext = Depends(get_context)):
     form = await read_form(request)
-    body = ImageEditForm.model_validate(text_fields(form, set(EDIT_FILES), frozenset({"stage_params"})))
+    body = ImageEditForm.model_validate(
+        text_fields(form, set(EDIT_FILES), frozenset({"stage_params", "lora"}))
+    )
     limits = _model(request, ctx, body).limits(ctx.settings)
     uploads = await files(form, "image", "image[]")
     if not uploads:

@@ -23,7 +23,7 @@ from omnistage.serving.served import ServedModel
 router = APIRouter()
 
 
-async def _body(request: Request) -> dict[str, Any]:
+async def json_body(request: Request) -> dict[str, Any]:
     raw = await request.body()
     if not raw.strip():
         return {}
@@ -80,7 +80,7 @@ def _answer(acks: list[dict[str, Any]]) -> JSONResponse:
 
 @router.post("/v1/omni/sleep")
 async def sleep(request: Request, ctx: ServerContext = Depends(get_context)) -> JSONResponse:
-    body = await _body(request)
+    body = await json_body(request)
     level = body.get("level", 1)
     if not isinstance(level, int) or isinstance(level, bool) or level not in (0, 1, 2):
         raise InvalidRequestError("level must be 0, 1 or 2", param="level")
@@ -95,7 +95,7 @@ async def sleep(request: Request, ctx: ServerContext = Depends(get_context)) -> 
 
 @router.post("/v1/omni/wakeup")
 async def wakeup(request: Request, ctx: ServerContext = Depends(get_context)) -> JSONResponse:
-    body = await _body(request)
+    body = await json_body(request)
     acks: list[dict[str, Any]] = []
     for model in _targets(ctx, body):
         asleep = ctx.sleeping.get(model.name, set())

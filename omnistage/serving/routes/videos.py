@@ -57,7 +57,7 @@ async def _read_body(request: Request, ctx: ServerContext) -> tuple[VideoCreateR
         return body, reference
     form = await read_form(request)
     body = VideoCreateRequest.model_validate(
-        text_fields(form, {"input_reference"}, frozenset({"stage_params"}))
+        text_fields(form, {"input_reference"}, frozenset({"stage_params", "lora"}))
     )
     uploads = await files(form, "input_reference")
     return body, uploads[0][1] if uploads else None
@@ -89,6 +89,7 @@ async def create_video(request: Request, ctx: ServerContext = Depends(get_contex
         images=[reference] if reference is not None else None,
         num_frames=num_frames,
         fps=fps,
+        lora=ctx.loras.for_model(model, body.lora),
     )
     origins = diffusion_origins(body, num_frames="num_frames" if body.num_frames else "seconds")
     params = build_stage_params(

@@ -32,6 +32,7 @@ from omnistage.outputs import Progress, StageOutput, error_output
 from omnistage.params import DiffusionParams, layer_params
 from omnistage.prompts import ChatPrompt, SpeechPrompt, TextPrompt, as_prompt, prompt_text
 from omnistage.stages.base import EngineContext, StageRequest
+from omnistage.stages.diffusion import lora
 from omnistage.stages.diffusion.request import DiffusionRequest
 from omnistage.stages.diffusion.runner import DiffusionRunner
 from omnistage.stages.diffusion.scheduler import RequestBatchScheduler, StepScheduler
@@ -57,6 +58,7 @@ ENGINE_ARGS = {
     "parallel_timeout_s",
     "step_token_budget",
     "skip_components",
+    "max_loras",
 }
 
 
@@ -99,7 +101,7 @@ class DiffusionEngine:
         if self.mode == "step":
             budget = args.get("step_token_budget", default_token_budget(device))
             self.scheduler = StepScheduler(
-                self.adapter.step_batch_key,
+                self._with_lora(self.adapter.step_batch_key),
                 self.adapter.latent_tokens,
                 deploy.max_num_seqs,
                 policy=args.get("step_policy", "srpt"),
@@ -109,7 +111,7 @@ class DiffusionEngine:
             )
         else:
             self.scheduler = RequestBatchScheduler(
-                self.adapter.request_batch_key,
+                self._with_lora(self.adapter.request_batch_key),
                 deploy.max_num_seqs,
                 float(args.get("request_batch_max_wait_ms", 0)),
             )
@@ -118,6 +120,11 @@ class DiffusionEngine:
         self._asleep = False
         self._finished = 0
         logger.info("diffusion engine: %s in %s mode", self.adapter.class_name, self.mode)
+
+    @staticmethod
+    def _with_lora(batch_key: Any) -> Any:
+        """Requests with different LoRA adapters (or scales, or none) never share a forward."""
+        return lambda req: (lora.key(req.params.lora), batch_key(req))
 
     def _check_mode(self, args: dict[str, Any]) -> None:
         if self.mode not in ("step", "request"):
@@ -149,7 +156,9 @@ class DiffusionEngine:
 
     def abort(self, request_id: str) -> None:
         self.scheduler.remove(request_id)
-        self.requests.pop(request_id, None)
+        req = self.requests.pop(request_id, None)
+        if req is not None:
+            self.runner.loras.release(req.params.lora)
         self._pending = [o for o in self._pending if o.request_id != request_id]
 
     def step(self) -> list[StageOutput]:
@@ -207,6 +216,7 @@ class DiffusionEngine:
             params = msgspec.structs.replace(params, negative_prompt=negative)
         images = [media.decode_image(i) for i in (params.image or images)]
         params = self.runner.resolve(params, images)
+        self.runner.loras.acquire(params.lora)  # loaded (or refused) now, held until the request ends
         return DiffusionRequest(
             request.request_id, prompt, params, images, request.priority, request.arrival_time, request.inputs
         )
@@ -282,7 +292,8 @@ class DiffusionEngine:
     # ---- output
     def _forget(self, req: DiffusionRequest) -> None:
         self.scheduler.remove(req.request_id)
-        self.requests.pop(req.request_id, None)
+        if self.requests.pop(req.request_id, None) is not None:
+            self.runner.loras.release(req.params.lora)
         self._finished += 1
 
     def _fail(self, req: DiffusionRequest, exc: Exception) -> StageOutput:

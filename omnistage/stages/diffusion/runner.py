@@ -15,6 +15,7 @@ from omnistage.errors import InvalidRequestError
 from omnistage.stages.diffusion import offload, text_padding
 from omnistage.stages.diffusion.adapters import PipelineAdapter, StepAdapter, adapter_for
 from omnistage.stages.diffusion.cache import StepCache, validate
+from omnistage.stages.diffusion.lora import DEFAULT_MAX_LORAS, LoraCache
 from omnistage.stages.diffusion.parallel import LocalExecutor, make_executor
 from omnistage.stages.diffusion.request import DiffusionRequest
 
@@ -54,6 +55,8 @@ class DiffusionRunner:
         offload.apply(self.pipe, engine_args)
         self.adapter: PipelineAdapter = adapter_for(self.pipe, engine_args.get("limits"), modality)
         self.cache = StepCache(self.pipe, engine_args.get("cache"))
+        max_loras = int(engine_args.get("max_loras", DEFAULT_MAX_LORAS))
+        self.loras = LoraCache(self.pipe, max_loras, engine_args.get("offload"))
         self.dtype = dtype
         self.executor = LocalExecutor(self.pipe)
 
@@ -66,6 +69,11 @@ class DiffusionRunner:
         return isinstance(self.adapter, StepAdapter) and self.adapter.supports_steps
 
     def resolve(self, params, images):
+        if params.lora is not None and self.executor.world_size > 1:
+            raise InvalidRequestError(
+                "lora: not available on a CFG-parallel / Ulysses stage (its ranks hold the base weights)",
+                param="lora",
+            )
         params = self.adapter.resolve(params, images)
         policy = self.cache.policy(params)
         if policy is not None:
@@ -84,6 +92,7 @@ class DiffusionRunner:
         """One pipeline call for compatible requests; float outputs per request. Caching (if any) is shared
         by the wave: one context, one set of decisions."""
         rc = self._wave_cache(reqs[0])
+        self.loras.apply(reqs[0].params.lora)  # one adapter a wave (the batch key)
         with contextlib.ExitStack() as stack:
             for _, module in self.cache.transformers():
                 stack.enter_context(self.cache.activate(rc, module))
@@ -104,6 +113,7 @@ class DiffusionRunner:
     def prepare(self, req: DiffusionRequest) -> None:
         """Encode the prompt, draw the latents, copy the scheduler: the request can now take steps."""
         adapter: StepAdapter = self.adapter
+        self.loras.apply(req.params.lora)  # an adapter may reach the text encoders too
         state = adapter.prepare(req)
         branches = 1 if state.uncond is None or adapter.cfg_in_batch else 2
         steps = adapter.steps_per_model(state)  # cache-dit counts steps per transformer
@@ -133,6 +143,7 @@ class DiffusionRunner:
             conds.append(branches[0])
             unconds.extend(branches[1:])
         module = getattr(self.pipe, model_name)
+        self.loras.apply(group[0].params.lora)  # one adapter a group (the batch key)
         with self.cache.activate(None, module):
             cond_out, uncond_out = self.executor.forward(model_name, conds, unconds, adapter)
         uncond_iter = iter(uncond_out)
@@ -146,6 +157,7 @@ class DiffusionRunner:
         model_name = adapter.model_name(state)
         module = getattr(self.pipe, model_name)
         branches = adapter.branch_inputs(state)
+        self.loras.apply(req.params.lora)
         with self.cache.activate(state.cache, module):
             if adapter.cfg_in_batch and len(branches) == 2:
                 uncond, cond = self.executor.forward_local(model_name, [branches[1], branches[0]], adapter)
@@ -156,6 +168,7 @@ class DiffusionRunner:
 
     @torch.no_grad()
     def decode(self, req: DiffusionRequest) -> torch.Tensor:
+        self.loras.apply(req.params.lora)
         return self.adapter.decode(req.state)
 
     def shutdown(self) -> None:
