@@ -141,6 +141,27 @@ def test_video_job_lifecycle(client, reference, gates):
     np.testing.assert_array_equal(frames, local)
 
 
+def test_a_sync_video_is_the_mp4_itself_json_or_multipart(http, reference):
+    """`POST /v1/videos/sync`: the same fields as a job, answered with the MP4 (no job is kept)."""
+    fields = {"model": "toy-video", "prompt": "waves", "size": "16x8", "num_frames": 6, "seed": 2, "fps": 6}
+    fields["num_inference_steps"] = 3
+    jobs_before = http.get("/v1/videos", params={"limit": 100}).json()["data"]
+    as_json = http.post("/v1/videos/sync", json=fields)
+    as_form = http.post("/v1/videos/sync", data={k: str(v) for k, v in fields.items()})
+    for response in (as_json, as_form):
+        assert response.status_code == 200, response.text
+        assert response.headers["content-type"] == "video/mp4" and response.headers["x-request-id"]
+    assert as_json.content == as_form.content
+    frames = media.decode_video(as_json.content, max_pixels=10**6, max_frames=100, param="v")
+    params = DiffusionParams(width=16, height=8, num_frames=6, num_inference_steps=3, seed=2, fps=6)
+    want = reference.run("toy-video", "waves", params).video.numpy()[0]
+    local = media.decode_video(encode_video(want, 6), max_pixels=10**6, max_frames=100, param="v")
+    np.testing.assert_array_equal(frames, local)
+    assert http.get("/v1/videos", params={"limit": 100}).json()["data"] == jobs_before
+    refused = http.post("/v1/videos/sync", json={**fields, "size": "100x100"})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "size"
+
+
 def stage_requests(http, model: str) -> float:
     lines = http.get("/metrics").text.splitlines()
     prefix = "omnistage_stage_requests{"

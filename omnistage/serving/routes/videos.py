@@ -1,4 +1,5 @@
-"""Video jobs: POST /v1/videos (JSON or multipart), GET/list/DELETE, and the MP4 download.
+"""Video jobs: POST /v1/videos (JSON or multipart), GET/list/DELETE, and the MP4 download; and
+POST /v1/videos/sync, the same request answered with the MP4 when it is made.
 
 The job runs as a background task on the server's event loop; its progress is the diffusion engine's
 step reports, and its record and file live in the `VideoJobStore` under `--storage-dir`.
@@ -11,10 +12,11 @@ import contextlib
 import json
 import logging
 import time
+import uuid
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, Response
 
 from omnistage.errors import InvalidRequestError, NotFoundError, OmniError, OverloadedError
 from omnistage.media import encode_video
@@ -23,7 +25,7 @@ from omnistage.serving.artifacts import DEFAULT_FPS, fps_of, videos_of
 from omnistage.serving.context import ServerContext, get_context
 from omnistage.serving.errors import ConflictError, SchemaError
 from omnistage.serving.forms import files, multipart_openapi, read_form, text_fields
-from omnistage.serving.generation import generate
+from omnistage.serving.generation import generate, last_output, unless_disconnected
 from omnistage.serving.limits import check_upload
 from omnistage.serving.media import decode_image
 from omnistage.serving.protocol import VideoCreateRequest, VideoError, VideoJob
@@ -63,10 +65,12 @@ async def _read_body(request: Request, ctx: ServerContext) -> tuple[VideoCreateR
     return body, uploads[0][1] if uploads else None
 
 
-@router.post("/v1/videos", openapi_extra=_create_openapi())
-async def create_video(request: Request, ctx: ServerContext = Depends(get_context)) -> dict:
+async def _video_request(
+    request: Request, ctx: ServerContext, route: str
+) -> tuple[ServedModel, VideoCreateRequest, list]:
+    """The model, the request and its per-stage params, checked before any work starts."""
     body, data = await _read_body(request, ctx)
-    model = ctx.models.get(body.model, produces=["video"], route="/v1/videos", serves="videos")
+    model = ctx.models.get(body.model, produces=["video"], route=route, serves="videos")
     limits = model.limits(ctx.settings)
     reference = None
     if data is not None:
@@ -99,11 +103,34 @@ async def create_video(request: Request, ctx: ServerContext = Depends(get_contex
         limits=limits,
         origins=origins,
     )
+    return model, body, params
+
+
+@router.post("/v1/videos", openapi_extra=_create_openapi())
+async def create_video(request: Request, ctx: ServerContext = Depends(get_context)) -> dict:
+    model, body, params = await _video_request(request, ctx, "/v1/videos")
     _check_admission(model)
     size = body.size or (f"{body.width}x{body.height}" if body.width and body.height else "auto")
     job = ctx.videos.create(model=model.name, prompt=body.prompt, size=size, seconds=body.seconds or "auto")
     ctx.video_tasks[job.id] = asyncio.ensure_future(_run_job(ctx, model, job, body.prompt, params))
     return job.model_dump()
+
+
+@router.post("/v1/videos/sync", openapi_extra=_create_openapi())
+async def create_video_sync(request: Request, ctx: ServerContext = Depends(get_context)) -> Response:
+    """The same request as `POST /v1/videos`, answered with the MP4 itself once it is made (vLLM-Omni's
+    route for clients that would rather wait than poll); a client that leaves aborts it."""
+    model, body, params = await _video_request(request, ctx, "/v1/videos/sync")
+    request_id = f"video_{uuid.uuid4().hex}"
+    start = time.perf_counter()
+    stream = generate(model, ctx.metrics, body.prompt, params, request_id, ["video"])
+    out = await unless_disconnected(request, last_output(stream))
+    videos = videos_of(out)
+    if not videos:
+        raise OmniError("the model did not produce a video")
+    data = await asyncio.to_thread(encode_video, videos[0], fps_of(out))
+    headers = {"x-request-id": request_id, "x-inference-time-s": f"{time.perf_counter() - start:.3f}"}
+    return Response(data, media_type="video/mp4", headers=headers)
 
 
 def _check_admission(model: ServedModel) -> None:
