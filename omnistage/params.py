@@ -147,6 +147,10 @@ class DiffusionParams(msgspec.Struct, kw_only=True, omit_defaults=True, tag=True
     guidance_scale: float | None = None
     # A two-expert video model's low-noise expert has its own guidance scale.
     guidance_scale_2: float | None = None
+    # Where (a fraction of the training timesteps) a two-expert model hands over to its low-noise expert.
+    boundary_ratio: float | None = None
+    # The flow-matching shift of the model's scheduler (its sampling schedule), for this request only.
+    flow_shift: float | None = None
     true_cfg_scale: float | None = None
     seed: int | None = None
     num_outputs: int = 1
@@ -173,6 +177,10 @@ class DiffusionParams(msgspec.Struct, kw_only=True, omit_defaults=True, tag=True
         for name in ("guidance_scale", "guidance_scale_2", "true_cfg_scale"):
             value = getattr(self, name)
             _check(value is None or value >= 0, name, "must be >= 0")
+        _check(
+            self.boundary_ratio is None or 0 < self.boundary_ratio < 1, "boundary_ratio", "must be in (0, 1)"
+        )
+        _check(self.flow_shift is None or self.flow_shift > 0, "flow_shift", "must be > 0")
         _check(self.seed is None or 0 <= self.seed < 2**63, "seed", "must be in [0, 2**63)")
         _check(self.cache in (None, "cache_dit", "teacache"), "cache", "must be one of cache_dit, teacache")
         _check(not self.cache_options or self.cache is not None, "cache_options", "needs cache to be set")

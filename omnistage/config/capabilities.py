@@ -31,6 +31,7 @@ PROMPTS += ("audio",)
 # Request field groups and the params type each fills.
 FIELD_GROUPS = ("sampling", "diffusion", "generation")
 TOOL_PARSERS = ("hermes", "json")  # the readers of serving/tool_parsers.py
+DIFFUSION_OPTIONS = ("flow_shift", "boundary_ratio", "guidance_scale_2")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +121,9 @@ class Capabilities:
     # How the model writes tool calls in a chat reply (serving/tool_parsers.py: "hermes", "json"); None:
     # it takes no `tools` (its entry stage renders chat templates without them).
     tool_parser: str | None = None
+    # The model-specific diffusion knobs it takes (`flow_shift`, `boundary_ratio`, `guidance_scale_2`): a
+    # request setting one it does not list is a 400 naming it before any work starts.
+    diffusion_options: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "routes", tuple(self.routes))
@@ -127,6 +131,12 @@ class Capabilities:
         object.__setattr__(self, "fields", {k: tuple(v) for k, v in dict(self.fields).items()})
         object.__setattr__(self, "voice_aliases", dict(self.voice_aliases))
         object.__setattr__(self, "speech_options", tuple(self.speech_options))
+        object.__setattr__(self, "diffusion_options", tuple(self.diffusion_options))
+        bad = [o for o in self.diffusion_options if o not in DIFFUSION_OPTIONS]
+        if bad:
+            raise ConfigError(
+                f"capabilities: unknown diffusion option {bad[0]!r} (known: {DIFFUSION_OPTIONS})"
+            )
         bad = [o for o in self.speech_options if not isinstance(o, SpeechOption)]
         if bad:
             raise ConfigError(f"capabilities: speech option {bad[0]!r} is not a SpeechOption")

@@ -179,6 +179,9 @@ class DiffusionFields(OpenAIModel):
     guidance_scale: float | None = Field(None, ge=0.0, le=20.0)
     guidance_scale_2: float | None = Field(None, ge=0.0, le=20.0)  # a two-expert model's low-noise expert
     true_cfg_scale: float | None = Field(None, ge=0.0, le=20.0)
+    # Model-specific knobs (a model takes those its capabilities' `diffusion_options` list).
+    flow_shift: float | None = Field(None, gt=0.0, le=100.0)
+    boundary_ratio: float | None = Field(None, gt=0.0, lt=1.0)
     # A LoRA adapter for this request (serving/loras.py: vLLM-Omni's flexible keys, checked there).
     lora: dict[str, Any] | None = None
 
@@ -302,7 +305,7 @@ class AudioGenerateRequest(OpenAIModel):
     model: str | None = None
     input: str = Field(max_length=INPUT_MAX)
     response_format: AudioFormat = "wav"
-    audio_length: float | None = Field(None, gt=0.0, le=3600.0)  # seconds
+    audio_length: float | None = Field(None, ge=0.001, le=3600.0)  # seconds (1 ms: a sample at >= 1 kHz)
     negative_prompt: str | None = Field(None, max_length=INPUT_MAX)
     guidance_scale: float | None = Field(None, ge=0.0, le=20.0)
     num_inference_steps: int | None = Field(None, ge=1, le=200)

@@ -19,6 +19,9 @@ from omnistage.serving.limits import check_generation, check_sampling
 from omnistage.serving.served import ServedModel
 from omnistage.serving.structured_outputs import structured_outputs_of
 
+# Model-specific diffusion knobs refused here when the model does not declare them (the stage checks the
+# others, and these again).
+CHECKED_OPTIONS = ("flow_shift", "boundary_ratio")
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
 
 
@@ -89,6 +92,10 @@ def build_stage_params(
             f"stage_params has {len(stage_params)} entries but model {model.name!r} has {len(stages)} stages",
             param="stage_params",
         )
+    for name in CHECKED_OPTIONS:
+        if diffusion and diffusion.get(name) is not None and name not in caps.diffusion_options:
+            param = (origins or {}).get(name, name)
+            raise InvalidRequestError(f"{param}: model {model.name!r} does not take it", param=param)
     groups = {"sampling": sampling, "diffusion": diffusion, "generation": generation}
     result: list[dict[str, Any] | None] = []
     for index, stage in enumerate(stages):
@@ -201,6 +208,8 @@ def diffusion_fields(
         "guidance_scale",
         "guidance_scale_2",
         "true_cfg_scale",
+        "flow_shift",
+        "boundary_ratio",
     ):
         value = getattr(request, name, None)
         if value is not None:

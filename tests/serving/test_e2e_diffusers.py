@@ -72,3 +72,25 @@ def test_stable_audio_through_the_speech_route(client):
     samples, rate = sf.read(io.BytesIO(first), dtype="float32")
     assert rate == 16000 and len(samples) > 0 and np.abs(samples).max() > 0
     assert first == again and first != other
+
+
+def test_model_specific_knobs_are_declared_and_refused_where_absent(client, http):
+    """/v1/models lists each model's own diffusion knobs; one it lacks is a 400 naming it, before any work."""
+    models = {m["id"]: m["omnistage"] for m in http.get("/v1/models").json()["data"]}
+    assert models["tiny-wan21-t2v"]["diffusion_options"] == ["flow_shift"]
+    assert models["tiny-flux1"]["diffusion_options"] == []
+    body = {"model": "tiny-wan21-t2v", "prompt": "waves", "size": "32x32", "num_frames": 5}
+    shifted = http.post(
+        "/v1/videos/sync", json={**body, "num_inference_steps": 2, "seed": 1, "flow_shift": 5.0}
+    )
+    plain = http.post("/v1/videos/sync", json={**body, "num_inference_steps": 2, "seed": 1})
+    assert shifted.status_code == plain.status_code == 200 and shifted.content != plain.content
+    refused = http.post("/v1/videos", json={**body, "boundary_ratio": 0.5})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "boundary_ratio"
+    image = http.post(
+        "/v1/images/generations",
+        json={"model": "tiny-flux1", "prompt": "a cat", "size": "32x32", "flow_shift": 3},
+    )
+    assert image.status_code == 400 and image.json()["error"]["param"] == "flow_shift"
+    out_of_range = http.post("/v1/videos", json={**body, "flow_shift": -1})
+    assert out_of_range.status_code == 400 and out_of_range.json()["error"]["param"] == "flow_shift"

@@ -263,14 +263,16 @@ def video_pipeline(gate_dir: str | None = None) -> PipelineSpec:
 
 def diffusers_pipeline(name: str, modality: str) -> tuple[PipelineSpec, str]:
     """A real tiny diffusers checkpoint on the diffusion engine, as a one-stage user pipeline of the family
-    that serves the checkpoint (whose step adapter its stage registers)."""
+    that serves the checkpoint (whose step adapter its stage registers), with the capabilities the
+    checkpoint resolves to."""
     from omnistage.families.diffusers.tiny import tiny_pipeline_dir
     from omnistage.families.resolve import resolve_pipeline
 
     path = tiny_pipeline_dir(name)
     stage = StageSpec(0, "dit", StageKind.DIFFUSION, final_output=True, output_modality=modality)
-    family = resolve_pipeline(path)[0].family
-    return PipelineSpec(name=name, stages=(stage,), family=family), str(path)
+    resolved = resolve_pipeline(path)[0]
+    caps = resolved.capabilities
+    return PipelineSpec(name=name, stages=(stage,), family=resolved.family, capabilities=caps), str(path)
 
 
 PIPELINES = {

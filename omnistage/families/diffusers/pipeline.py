@@ -46,6 +46,7 @@ def diffusers_pipeline(class_name: str, path: Path | None = None, family: str = 
         fields={"diffusion": (0,)},
         limits=Limits(max_output_audio_seconds=seconds),
         audio_length_arg=length_arg,
+        diffusion_options=_diffusion_options(path) if path else (),
     )
     name = f"diffusers-{class_name}"
     return PipelineSpec(
@@ -56,6 +57,22 @@ def diffusers_pipeline(class_name: str, path: Path | None = None, family: str = 
         family=family,
         capabilities=capabilities,
     )
+
+
+def _diffusion_options(path: Path) -> tuple[str, ...]:
+    """The model-specific knobs the checkpoint has: a scheduler with a flow shift, two experts with a
+    boundary (and the low-noise expert's guidance scale)."""
+    options = []
+    try:
+        scheduler = json.loads((path / "scheduler" / "scheduler_config.json").read_text())
+        index = json.loads((path / "model_index.json").read_text())
+    except (OSError, ValueError):
+        return ()
+    if "flow_shift" in scheduler:
+        options.append("flow_shift")
+    if index.get("boundary_ratio") is not None:
+        options += ["boundary_ratio", "guidance_scale_2"]
+    return tuple(options)
 
 
 def _audio_length_arg(class_name: str) -> str | None:

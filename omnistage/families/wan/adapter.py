@@ -36,9 +36,21 @@ class WanT2VAdapter(StepAdapter):
         return self.pipe.transformer if self.pipe.transformer is not None else self.pipe.transformer_2
 
     def _supports(self, name: str) -> bool:
-        if name == "guidance_scale_2":
-            return self.pipe.config.boundary_ratio is not None
+        """The two-expert knobs where there are two experts; the scheduler's shift where it has one (both
+        read step by step: a whole call takes neither)."""
+        if name in ("guidance_scale_2", "boundary_ratio"):
+            two_experts = self.pipe.config.boundary_ratio is not None
+            return two_experts and (name == "guidance_scale_2" or self.supports_steps)
+        if name == "flow_shift":
+            return self.supports_steps and "flow_shift" in self.pipe.scheduler.config
         return super()._supports(name)
+
+    def private_scheduler(self, flow_shift: float | None = None) -> Any:
+        """The request's own scheduler: the pipeline's, or one like it with the request's shift."""
+        if flow_shift is None:
+            return super().private_scheduler()
+        scheduler = self.pipe.scheduler
+        return type(scheduler).from_config(scheduler.config, flow_shift=flow_shift)
 
     def prepare(self, req: DiffusionRequest) -> StepState:
         pipe, p = self.pipe, req.params
@@ -52,11 +64,11 @@ class WanT2VAdapter(StepAdapter):
             device=self.device,
         )
         dtype = self._transformer().dtype
-        scheduler = self.private_scheduler()
+        scheduler = self.private_scheduler(p.flow_shift)
         scheduler.set_timesteps(p.num_inference_steps, device=self.device)
         latents, extra = self._latents(req)
         scheduler.set_begin_index(0)
-        boundary = pipe.config.boundary_ratio
+        boundary = p.boundary_ratio if p.boundary_ratio is not None else pipe.config.boundary_ratio
         extra.update(
             boundary=None if boundary is None else boundary * scheduler.config.num_train_timesteps,
             guidance=p.guidance_scale,

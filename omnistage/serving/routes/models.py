@@ -37,6 +37,7 @@ def capabilities_block(model: ServedModel, ctx: ServerContext) -> dict[str, Any]
         "voices": speaks.describe()["voices"] if speaks else [],  # with the checkpoint's own
         "speed_range": list(caps.speed_range) if caps.speed_range else None,
         "clones_voices": caps.clones_voices,
+        "diffusion_options": list(caps.diffusion_options),
         "speech_options": [
             {"name": o.name, "schema": msgspec.json.schema(o.type), "description": o.description}
             for o in caps.speech_options

@@ -182,7 +182,7 @@ class PipelineAdapter:
             _fail("num_outputs", f"must be <= {self.limits['max_outputs']}")
         if p.num_outputs > 1 and not any(a in self.call_signature for a in PER_PROMPT_ARGS):
             _fail("num_outputs", f"must be 1 for {self.class_name}")
-        for name in ("true_cfg_scale", "guidance_scale_2"):
+        for name in ("true_cfg_scale", "guidance_scale_2", "boundary_ratio", "flow_shift"):
             if getattr(p, name) is not None and not self._supports(name):
                 _fail(name, f"is not supported by {self.class_name}")
         if p.negative_prompt is not None and "negative_prompt" not in self.call_signature:

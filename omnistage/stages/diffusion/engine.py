@@ -216,6 +216,12 @@ class DiffusionEngine:
             params = msgspec.structs.replace(params, negative_prompt=negative)
         images = [media.decode_image(i) for i in (params.image or images)]
         params = self.runner.resolve(params, images)
+        for name in ("flow_shift", "boundary_ratio"):
+            if getattr(params, name) is not None and self.mode != "step":
+                raise InvalidRequestError(
+                    f"{name}: read step by step; this stage runs whole pipeline calls (execution: request)",
+                    param=name,
+                )
         self.runner.loras.acquire(params.lora)  # loaded (or refused) now, held until the request ends
         return DiffusionRequest(
             request.request_id, prompt, params, images, request.priority, request.arrival_time, request.inputs
