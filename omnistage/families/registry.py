@@ -45,6 +45,7 @@ FAMILIES = (
     "omnistage.families.flux",
     "omnistage.families.sd3",
     "omnistage.families.qwen_image",
+    "omnistage.families.stable_audio",
     "omnistage.families.diffusers",
     "omnistage.families.llm",
 )
