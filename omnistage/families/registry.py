@@ -46,6 +46,7 @@ FAMILIES = (
     "omnistage.families.sd3",
     "omnistage.families.qwen_image",
     "omnistage.families.stable_audio",
+    "omnistage.families.z_image",
     "omnistage.families.diffusers",
     "omnistage.families.llm",
 )

@@ -370,6 +370,11 @@ class StepAdapter(PipelineAdapter):
                 out[key] = values[0]
         return out
 
+    def run_model(self, module: torch.nn.Module, kwargs: dict[str, Any]) -> torch.Tensor:
+        """One forward over collated inputs → its output rows as one tensor. A family whose transformer takes
+        and returns per-row lists converts here (its CFG-parallel ranks are refused: `parallel_refused`)."""
+        return module(**kwargs, return_dict=False)[0]
+
     def guide(self, state: StepState, cond: torch.Tensor, uncond: torch.Tensor | None) -> torch.Tensor:
         if uncond is None:
             return cond

@@ -62,7 +62,7 @@ class LocalExecutor:
         module, outs = getattr(self.pipe, model_name), [None] * len(inputs)
         for group in adapter.forward_groups(inputs):
             members = [inputs[i] for i in group]
-            out = run_model(module, adapter.collate(members))
+            out = adapter.run_model(module, adapter.collate(members))
             for i, part in zip(group, out.split(_rows(members, adapter.latent_input)), strict=True):
                 outs[i] = part
         return outs

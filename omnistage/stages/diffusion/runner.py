@@ -137,18 +137,19 @@ class DiffusionRunner:
 
     def _shared_step(self, model_name: str, group: list[DiffusionRequest]) -> None:
         adapter: StepAdapter = self.adapter
-        conds, unconds = [], []
+        conds, unconds, guided = [], [], []
         for req in group:
             branches = adapter.branch_inputs(req.state)
             conds.append(branches[0])
             unconds.extend(branches[1:])
+            guided.append(len(branches) > 1)  # (a family may skip guidance at some steps)
         module = getattr(self.pipe, model_name)
         self.loras.apply(group[0].params.lora)  # one adapter a group (the batch key)
         with self.cache.activate(None, module):
             cond_out, uncond_out = self.executor.forward(model_name, conds, unconds, adapter)
         uncond_iter = iter(uncond_out)
-        for req, cond in zip(group, cond_out, strict=True):
-            uncond = next(uncond_iter) if req.state.uncond is not None else None
+        for req, cond, has_uncond in zip(group, cond_out, guided, strict=True):
+            uncond = next(uncond_iter) if has_uncond else None
             adapter.advance(req.state, adapter.guide(req.state, cond, uncond))
 
     def _cached_step(self, req: DiffusionRequest) -> None:
