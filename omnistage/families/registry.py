@@ -47,6 +47,7 @@ FAMILIES = (
     "omnistage.families.qwen_image",
     "omnistage.families.stable_audio",
     "omnistage.families.z_image",
+    "omnistage.families.flux2",
     "omnistage.families.diffusers",
     "omnistage.families.llm",
 )
