@@ -48,6 +48,7 @@ FAMILIES = (
     "omnistage.families.stable_audio",
     "omnistage.families.z_image",
     "omnistage.families.flux2",
+    "omnistage.families.hunyuan_video15",
     "omnistage.families.diffusers",
     "omnistage.families.llm",
 )

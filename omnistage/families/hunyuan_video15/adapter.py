@@ -1,0 +1,113 @@
+"""HunyuanVideo-1.5's step adapter: `HunyuanVideo15Pipeline.__call__` (text to video) split at its step
+boundaries (omnistage/stages/diffusion/adapters.py says how the engine drives it).
+
+Text comes from a Qwen2.5-VL text model and a ByT5 encoder of the prompt's quoted (glyph) text; the latents
+reach the transformer beside zero condition latents and their mask. Guidance is the pipeline's guider (a
+copy per request, at the request's `guidance_scale`): it decides at each step whether the unconditional
+branch runs at all, and combines the branches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from omnistage.stages.diffusion.adapters import StepAdapter
+from omnistage.stages.diffusion.request import DiffusionRequest, StepState
+
+
+class HunyuanVideo15Adapter(StepAdapter):
+    modality = "video"
+
+    @property
+    def spatial_multiple(self) -> int:
+        return self.pipe.vae_scale_factor_spatial * self.pipe.transformer.config.patch_size
+
+    @property
+    def temporal_factor(self) -> int:
+        return self.pipe.vae_scale_factor_temporal
+
+    def defaults(self) -> dict[str, Any]:
+        """The pipeline's own: 16:9 at the transformer's target size when neither side is given."""
+        out = super().defaults()
+        if out.get("height") is None and out.get("width") is None:
+            ratio = self.pipe.default_aspect_ratio
+            height, width = self.pipe.video_processor.calculate_default_height_width(
+                ratio[1], ratio[0], self.pipe.target_size
+            )
+            out.update(height=height, width=width)
+        return out
+
+    def _supports(self, name: str) -> bool:
+        return name == "guidance_scale" or super()._supports(name)
+
+    def prepare(self, req: DiffusionRequest) -> StepState:
+        from diffusers.pipelines.hunyuan_video1_5.pipeline_hunyuan_video1_5 import retrieve_timesteps
+
+        pipe, p = self.pipe, req.params
+        guider = (
+            pipe.guider.new(guidance_scale=p.guidance_scale)
+            if p.guidance_scale is not None
+            else pipe.guider.new()
+        )
+        dtype, n = pipe.transformer.dtype, p.num_outputs
+        text = {"device": self.device, "dtype": dtype, "batch_size": 1, "num_videos_per_prompt": n}
+        embeds, mask, glyph, glyph_mask = pipe.encode_prompt(prompt=req.prompt, **text)
+        cond = {
+            "encoder_hidden_states": embeds,
+            "encoder_attention_mask": mask,
+            "encoder_hidden_states_2": glyph,
+            "encoder_attention_mask_2": glyph_mask,
+        }
+        uncond = None
+        if guider._enabled and guider.num_conditions > 1:
+            n_embeds, n_mask, n_glyph, n_glyph_mask = pipe.encode_prompt(prompt=req.negative_prompt, **text)
+            uncond = {
+                "encoder_hidden_states": n_embeds,
+                "encoder_attention_mask": n_mask,
+                "encoder_hidden_states_2": n_glyph,
+                "encoder_attention_mask_2": n_glyph_mask,
+            }
+        steps = p.num_inference_steps
+        scheduler = self.private_scheduler()
+        timesteps, _ = retrieve_timesteps(
+            scheduler, steps, self.device, sigmas=np.linspace(1.0, 0.0, steps + 1)[:-1]
+        )
+        latents = pipe.prepare_latents(
+            n, pipe.num_channels_latents, p.height, p.width, p.num_frames, dtype, self.device, req.generator()
+        )
+        condition, condition_mask = pipe.prepare_cond_latents_and_mask(latents, dtype, self.device)
+        image_embeds = torch.zeros(
+            latents.shape[0],
+            pipe.vision_num_semantic_tokens,
+            pipe.vision_states_dim,
+            dtype=dtype,
+            device=self.device,
+        )
+        extra = {"guider": guider, "condition": torch.cat([condition, condition_mask], dim=1)}
+        for branch in (cond, uncond):
+            if branch is not None:
+                branch["image_embeds"] = image_embeds
+        return StepState(latents, timesteps, scheduler, cond, uncond, extra)
+
+    def branch_inputs(self, state: StepState) -> list[dict[str, Any]]:
+        """The guider's branches at this step: the unconditional one only where it guides here."""
+        guider = state.extra["guider"]
+        t = state.timesteps[state.step_index]
+        guider.set_state(step=state.step_index, num_inference_steps=state.total_steps, timestep=t)
+        branches = super().branch_inputs(state)
+        return branches if guider.num_conditions > 1 else branches[:1]
+
+    def step_inputs(self, state: StepState) -> dict[str, Any]:
+        t = state.timesteps[state.step_index]
+        hidden = torch.cat([state.latents, state.extra["condition"]], dim=1)
+        return {"hidden_states": hidden, "timestep": t.expand(state.rows).to(hidden.dtype)}
+
+    def guide(self, state: StepState, cond: torch.Tensor, uncond: torch.Tensor | None) -> torch.Tensor:
+        return state.extra["guider"].forward(cond, uncond).pred
+
+    def decode(self, state: StepState) -> torch.Tensor:
+        vae = self.pipe.vae
+        video = vae.decode(state.latents.to(vae.dtype) / vae.config.scaling_factor, return_dict=False)[0]
+        return torch.as_tensor(self.pipe.video_processor.postprocess_video(video, output_type="np"))
