@@ -74,22 +74,32 @@ class HunyuanVideo15Adapter(StepAdapter):
         timesteps, _ = retrieve_timesteps(
             scheduler, steps, self.device, sigmas=np.linspace(1.0, 0.0, steps + 1)[:-1]
         )
+        image, (height, width) = self._frame(req)
+        image_embeds = self._image_embeds(image, n, dtype)
         latents = pipe.prepare_latents(
-            n, pipe.num_channels_latents, p.height, p.width, p.num_frames, dtype, self.device, req.generator()
+            n, pipe.num_channels_latents, height, width, p.num_frames, dtype, self.device, req.generator()
         )
-        condition, condition_mask = pipe.prepare_cond_latents_and_mask(latents, dtype, self.device)
-        image_embeds = torch.zeros(
-            latents.shape[0],
-            pipe.vision_num_semantic_tokens,
-            pipe.vision_states_dim,
-            dtype=dtype,
-            device=self.device,
-        )
+        condition, condition_mask = self._condition(latents, image, (height, width), dtype)
         extra = {"guider": guider, "condition": torch.cat([condition, condition_mask], dim=1)}
         for branch in (cond, uncond):
             if branch is not None:
                 branch["image_embeds"] = image_embeds
         return StepState(latents, timesteps, scheduler, cond, uncond, extra)
+
+    def _frame(self, req: DiffusionRequest) -> tuple[Any, tuple[int, int]]:
+        """(the image to start from, the video's (height, width)): text to video has no image."""
+        return None, (req.params.height, req.params.width)
+
+    def _image_embeds(self, image: Any, rows: int, dtype: torch.dtype) -> torch.Tensor:
+        pipe = self.pipe
+        shape = (rows, pipe.vision_num_semantic_tokens, pipe.vision_states_dim)
+        return torch.zeros(shape, dtype=dtype, device=self.device)
+
+    def _condition(
+        self, latents: torch.Tensor, image: Any, size: tuple[int, int], dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The condition latents and their mask beside the latents (zeros: nothing to keep)."""
+        return self.pipe.prepare_cond_latents_and_mask(latents, dtype, self.device)
 
     def branch_inputs(self, state: StepState) -> list[dict[str, Any]]:
         """The guider's branches at this step: the unconditional one only where it guides here."""
@@ -98,6 +108,14 @@ class HunyuanVideo15Adapter(StepAdapter):
         guider.set_state(step=state.step_index, num_inference_steps=state.total_steps, timestep=t)
         branches = super().branch_inputs(state)
         return branches if guider.num_conditions > 1 else branches[:1]
+
+    def forward_groups(self, inputs: list[dict[str, Any]]) -> list[list[int]]:
+        """Inputs of equal shapes share a forward (an image's aspect sets its video's size)."""
+        groups: dict[tuple, list[int]] = {}
+        for i, branch in enumerate(inputs):
+            key = (branch["hidden_states"].shape[1:], branch["image_embeds"].shape[1:])
+            groups.setdefault(key, []).append(i)
+        return list(groups.values())
 
     def step_inputs(self, state: StepState) -> dict[str, Any]:
         t = state.timesteps[state.step_index]
@@ -111,3 +129,31 @@ class HunyuanVideo15Adapter(StepAdapter):
         vae = self.pipe.vae
         video = vae.decode(state.latents.to(vae.dtype) / vae.config.scaling_factor, return_dict=False)[0]
         return torch.as_tensor(self.pipe.video_processor.postprocess_video(video, output_type="np"))
+
+
+class HunyuanVideo15I2VAdapter(HunyuanVideo15Adapter):
+    """Image to video (`HunyuanVideo15ImageToVideoPipeline`): the video takes the image's aspect at the
+    transformer's target size; its first latent frame is the image's (masked in), and the image's SigLIP
+    embeddings condition every step."""
+
+    needs_image = True
+
+    def defaults(self) -> dict[str, Any]:
+        return StepAdapter.defaults(self)  # the size comes from the image
+
+    def _frame(self, req: DiffusionRequest) -> tuple[Any, tuple[int, int]]:
+        pipe, image = self.pipe, req.images[0]
+        height, width = pipe.video_processor.calculate_default_height_width(
+            height=image.size[1], width=image.size[0], target_size=pipe.target_size
+        )
+        image = pipe.video_processor.resize(image, height=height, width=width, resize_mode="crop")
+        return image, (height, width)
+
+    def _image_embeds(self, image: Any, rows: int, dtype: torch.dtype) -> torch.Tensor:
+        return self.pipe.encode_image(image=image, batch_size=rows, device=self.device, dtype=dtype)
+
+    def _condition(
+        self, latents: torch.Tensor, image: Any, size: tuple[int, int], dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = latents.shape[0]
+        return self.pipe.prepare_cond_latents_and_mask(latents, image, rows, *size, dtype, self.device)

@@ -17,7 +17,7 @@ LATENT_CHANNELS = 4
 TEXT_HIDDEN = 16
 
 
-def build_hunyuan_video15(path: Path) -> None:
+def build_hunyuan_video15(path: Path, image_to_video: bool = False) -> None:
     from diffusers import (
         AutoencoderKLHunyuanVideo15,
         FlowMatchEulerDiscreteScheduler,
@@ -46,7 +46,7 @@ def build_hunyuan_video15(path: Path) -> None:
         image_embed_dim=16,
         rope_axes_dim=(2, 2, 4),
         target_size=32,
-        task_type="t2v",
+        task_type="i2v" if image_to_video else "t2v",
     )
     vae = AutoencoderKLHunyuanVideo15(
         latent_channels=LATENT_CHANNELS,
@@ -74,18 +74,39 @@ def build_hunyuan_video15(path: Path) -> None:
     ).eval()
     tokenizer = toks.qwen2_tokenizer()
     tokenizer.chat_template = CHAT_TEMPLATE
-    pipe = HunyuanVideo15Pipeline(
-        text_encoder=text_encoder,
-        tokenizer=tokenizer,
-        transformer=transformer,
-        vae=vae,
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
-        text_encoder_2=glyph_encoder,
-        tokenizer_2=ByT5Tokenizer(),
-        guider=ClassifierFreeGuidance(guidance_scale=6.0),
+    components = {
+        "text_encoder": text_encoder,
+        "tokenizer": tokenizer,
+        "transformer": transformer,
+        "vae": vae,
+        "scheduler": FlowMatchEulerDiscreteScheduler(shift=7.0),
+        "text_encoder_2": glyph_encoder,
+        "tokenizer_2": ByT5Tokenizer(),
+        "guider": ClassifierFreeGuidance(guidance_scale=6.0),
+    }
+    if not image_to_video:
+        HunyuanVideo15Pipeline(**components).save_pretrained(path)
+        return
+    from diffusers import HunyuanVideo15ImageToVideoPipeline
+    from transformers import SiglipImageProcessor, SiglipVisionConfig, SiglipVisionModel
+
+    vision = SiglipVisionConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=32,
+        patch_size=8,
+    )
+    pipe = HunyuanVideo15ImageToVideoPipeline(
+        **components,
+        image_encoder=SiglipVisionModel(vision).eval(),
+        feature_extractor=SiglipImageProcessor(size={"height": 32, "width": 32}),
     )
     pipe.save_pretrained(path)
 
 
-def tiny_hunyuan_video15_dir() -> Path:
+def tiny_hunyuan_video15_dir(image_to_video: bool = False) -> Path:
+    if image_to_video:
+        return cached_dir("tiny-hunyuan-video15-i2v", VERSION, lambda p: build_hunyuan_video15(p, True))
     return cached_dir("tiny-hunyuan-video15", VERSION, build_hunyuan_video15)
