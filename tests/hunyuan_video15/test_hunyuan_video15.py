@@ -150,3 +150,44 @@ def test_image_to_video_equals_the_plain_pipeline_alone_and_three_at_once() -> N
         for rid, *_ in I2V_CASES:
             got = final_tensor(outs[rid][-1])
             assert (got.reshape(expected[rid].shape) - expected[rid]).abs().max() <= TOLERANCE, rid
+
+
+def ended(client, video_id: str):
+    job = client.videos.retrieve(video_id)
+    return job if job.status in ("completed", "failed") else None
+
+
+def test_videos_take_the_image_as_input_reference(tmp_path) -> None:
+    """`/v1/videos` with `input_reference` (the official client's file, or a data URL in JSON) makes the
+    image-to-video clip at the image's aspect; the job's MP4 and the sync answer are the same bytes."""
+    import base64
+    import io
+
+    from openai import OpenAI
+
+    from tests.support.in_process import served
+    from tests.support.polling import wait_until
+
+    upload = io.BytesIO()
+    WIDE.save(upload, format="PNG")
+    png = upload.getvalue()
+    fields = {"num_frames": 5, "num_inference_steps": 3, "seed": 1, "fps": 8}
+    for app in served(tiny_hunyuan_video15_dir(image_to_video=True), "i2v", tmp_path):
+        client = OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=app, max_retries=0)
+        job = client.videos.create(
+            model="i2v",
+            prompt="a cat walking",
+            input_reference=("wide.png", png, "image/png"),
+            extra_body=fields,
+        )
+        job = wait_until(lambda c=client, i=job.id: ended(c, i), what="the image-to-video job")
+        assert job.status == "completed", job.error
+        mp4 = client.videos.download_content(job.id).content
+        data_url = "data:image/png;base64," + base64.b64encode(png).decode()
+        sync = app.post(
+            "/v1/videos/sync", json={"prompt": "a cat walking", "input_reference": data_url, **fields}
+        )
+        assert sync.status_code == 200, sync.text
+        assert sync.content == mp4
+        frames = served_media.decode_video(mp4, max_pixels=10**6, max_frames=99, param="v")
+        assert frames.shape == (5, 28, 36, 3)  # the image's 3:4 at the model's target size
