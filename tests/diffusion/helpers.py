@@ -88,3 +88,33 @@ def reference(name: str, prompt: str, seed: int, image=None, **kw: Any) -> torch
         call["image"] = image
     result = plain_pipeline(name)(**call)
     return torch.as_tensor(result.frames if name in VIDEO else result.images)
+
+
+def family_engine(directory: Any, **engine_args: Any) -> DiffusionEngine:
+    """A family's checkpoint (outside the five above) on the diffusion engine: fp32, 8 slots, with every
+    family's registrations loaded (its step adapter among them)."""
+    from omnistage.families.registry import load
+
+    load()
+    deploy = StageDeploy(stage_id=0, max_num_seqs=8, dtype="float32")
+    return DiffusionEngine(str(directory), deploy, engine_args=engine_args)
+
+
+@functools.cache
+def plain_pipeline_at(directory: str):
+    """The diffusers pipeline of a checkpoint directory, as a user loads it."""
+    from diffusers import DiffusionPipeline
+
+    pipe = DiffusionPipeline.from_pretrained(directory, local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def check_an_abort_frees_the_slot(engine: DiffusionEngine, base: dict[str, Any]) -> None:
+    """Two requests share the first step; one aborted between steps leaves the other to finish alone."""
+    engine.add_request(request("long", "a cat", **{**base, "num_inference_steps": 6}, seed=1))
+    engine.add_request(request("keep", "a dog", **base, seed=2))
+    assert {o.request_id for o in engine.step()} == {"long", "keep"}
+    engine.abort("long")
+    rest = drain(engine)
+    assert "long" not in rest and rest["keep"][-1].error is None and engine.stats()["num_requests"] == 0

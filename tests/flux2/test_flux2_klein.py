@@ -7,7 +7,6 @@ the plain pipeline's."""
 from __future__ import annotations
 
 import base64
-import functools
 import io
 
 import numpy as np
@@ -15,11 +14,16 @@ import pytest
 import torch
 from PIL import Image
 
-from omnistage.config.deploy import StageDeploy
 from omnistage.families.flux2.tiny import tiny_flux2_klein_dir
-from omnistage.families.registry import load
 from omnistage.stages.diffusion.engine import DiffusionEngine
-from tests.diffusion.helpers import drain, final_tensor, request
+from tests.diffusion.helpers import (
+    check_an_abort_frees_the_slot,
+    drain,
+    family_engine,
+    final_tensor,
+    plain_pipeline_at,
+    request,
+)
 
 pytestmark = pytest.mark.engine
 TOLERANCE = 1e-4
@@ -40,18 +44,11 @@ CASES = [
 
 
 def engine(**engine_args) -> DiffusionEngine:
-    load()
-    deploy = StageDeploy(stage_id=0, max_num_seqs=8, dtype="float32")
-    return DiffusionEngine(str(tiny_flux2_klein_dir()), deploy, engine_args=engine_args)
+    return family_engine(tiny_flux2_klein_dir(), **engine_args)
 
 
-@functools.cache
 def plain_pipeline():
-    from diffusers import DiffusionPipeline
-
-    pipe = DiffusionPipeline.from_pretrained(str(tiny_flux2_klein_dir()), local_files_only=True)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return plain_pipeline_at(str(tiny_flux2_klein_dir()))
 
 
 def reference(prompt: str, fields: dict) -> torch.Tensor:
@@ -93,13 +90,7 @@ def test_each_image_equals_the_plain_pipeline_alone_and_four_at_once(references)
 
 
 def test_an_abort_between_steps_frees_the_slot() -> None:
-    eng = engine(step_token_budget=0)
-    eng.add_request(request("long", "a cat", **{**BASE, "num_inference_steps": 6}, seed=1))
-    eng.add_request(request("keep", "a dog", **BASE, seed=2))
-    assert {o.request_id for o in eng.step()} == {"long", "keep"}
-    eng.abort("long")
-    rest = drain(eng)
-    assert "long" not in rest and rest["keep"][-1].error is None and eng.stats()["num_requests"] == 0
+    check_an_abort_frees_the_slot(engine(step_token_budget=0), BASE)
 
 
 def png_pixels(b64: str) -> np.ndarray:

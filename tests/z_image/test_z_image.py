@@ -7,7 +7,6 @@ served model draws through the official `openai` client."""
 from __future__ import annotations
 
 import base64
-import functools
 import io
 
 import numpy as np
@@ -15,11 +14,16 @@ import pytest
 import torch
 from PIL import Image
 
-from omnistage.config.deploy import StageDeploy
-from omnistage.families.registry import load
 from omnistage.families.z_image.tiny import tiny_z_image_dir
 from omnistage.stages.diffusion.engine import DiffusionEngine
-from tests.diffusion.helpers import drain, final_tensor, request
+from tests.diffusion.helpers import (
+    check_an_abort_frees_the_slot,
+    drain,
+    family_engine,
+    final_tensor,
+    plain_pipeline_at,
+    request,
+)
 
 pytestmark = pytest.mark.engine
 TOLERANCE = 1e-4
@@ -40,18 +44,11 @@ CASES = [
 
 
 def engine(**engine_args) -> DiffusionEngine:
-    load()
-    deploy = StageDeploy(stage_id=0, max_num_seqs=8, dtype="float32")
-    return DiffusionEngine(str(tiny_z_image_dir()), deploy, engine_args=engine_args)
+    return family_engine(tiny_z_image_dir(), **engine_args)
 
 
-@functools.cache
 def plain_pipeline():
-    from diffusers import DiffusionPipeline
-
-    pipe = DiffusionPipeline.from_pretrained(str(tiny_z_image_dir()), local_files_only=True)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return plain_pipeline_at(str(tiny_z_image_dir()))
 
 
 def reference(prompt: str, fields: dict) -> torch.Tensor:
@@ -92,13 +89,7 @@ def test_five_at_once_share_forwards_and_each_equals_the_plain_pipeline(referenc
 
 
 def test_an_abort_between_steps_frees_the_slot() -> None:
-    eng = engine(step_token_budget=0)
-    eng.add_request(request("long", "a cat", **{**BASE, "num_inference_steps": 6}, seed=1))
-    eng.add_request(request("keep", "a dog", **BASE, seed=2))
-    assert {o.request_id for o in eng.step()} == {"long", "keep"}
-    eng.abort("long")
-    rest = drain(eng)
-    assert "long" not in rest and rest["keep"][-1].error is None and eng.stats()["num_requests"] == 0
+    check_an_abort_frees_the_slot(engine(step_token_budget=0), BASE)
 
 
 def test_the_served_model_draws_through_the_openai_client(tmp_path, references) -> None:

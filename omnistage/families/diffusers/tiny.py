@@ -171,7 +171,7 @@ def build_wan_i2v(path: Path) -> None:
     pipe.save_pretrained(path)
 
 
-def _image_vae(latent_channels: int, scaling_factor: float, shift_factor: float):
+def image_vae(latent_channels: int, scaling_factor: float, shift_factor: float):
     from diffusers import AutoencoderKL
 
     return AutoencoderKL(
@@ -218,7 +218,7 @@ def build_flux(path: Path) -> None:
             base_image_seq_len=256,
             max_image_seq_len=4096,
         ),
-        vae=_image_vae(4, scaling_factor=0.3611, shift_factor=0.1159),
+        vae=image_vae(4, scaling_factor=0.3611, shift_factor=0.1159),
         text_encoder=CLIPTextModel(_clip_config(32, 32)).eval(),
         tokenizer=toks.clip_tokenizer(),
         text_encoder_2=_t5(32),
@@ -250,7 +250,7 @@ def build_sd3(path: Path) -> None:
     pipe = StableDiffusion3Pipeline(
         transformer=transformer,
         scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
-        vae=_image_vae(4, scaling_factor=1.5305, shift_factor=0.0609),
+        vae=image_vae(4, scaling_factor=1.5305, shift_factor=0.0609),
         text_encoder=CLIPTextModelWithProjection(_clip_config(16, 16)).eval(),
         tokenizer=toks.clip_tokenizer(),
         text_encoder_2=CLIPTextModelWithProjection(_clip_config(16, 16)).eval(),

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from omnistage.cache import cached_dir
+from omnistage.families.diffusers.tiny import image_vae
 from omnistage.families.shared import tokenizer_builders as toks
 
 VERSION = "v1"
@@ -21,7 +22,6 @@ CHAT_TEMPLATE = (
 
 def build_z_image(path: Path) -> None:
     from diffusers import (
-        AutoencoderKL,
         FlowMatchEulerDiscreteScheduler,
         ZImagePipeline,
         ZImageTransformer2DModel,
@@ -54,21 +54,7 @@ def build_z_image(path: Path) -> None:
             max_position_embeddings=512,
         )
     ).eval()
-    vae = AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=["DownEncoderBlock2D"] * 3,
-        up_block_types=["UpDecoderBlock2D"] * 3,
-        block_out_channels=[8, 8, 8],
-        layers_per_block=1,
-        latent_channels=4,
-        norm_num_groups=4,
-        sample_size=32,
-        scaling_factor=0.3611,
-        shift_factor=0.1159,
-        use_quant_conv=False,
-        use_post_quant_conv=False,
-    )
+    vae = image_vae(4, scaling_factor=0.3611, shift_factor=0.1159)
     tokenizer = toks.qwen2_tokenizer()
     tokenizer.chat_template = CHAT_TEMPLATE
     scheduler = FlowMatchEulerDiscreteScheduler(
