@@ -94,3 +94,13 @@ def reference():
     ref = Reference()
     yield ref
     ref.close()
+
+
+@pytest.fixture(scope="session")
+def demo_chat_app(tmp_path_factory):
+    """The demo chat model (SmolLM2-135M-Instruct, trained weights) on the real app, in this process: one
+    for the structured-output and tool-call modules (the `serving` area runs on one worker)."""
+    from omnistage.demo.smollm import smollm2_dir
+    from tests.support.in_process import served
+
+    yield from served(smollm2_dir(), "smollm2", tmp_path_factory.mktemp("demo-chat"))

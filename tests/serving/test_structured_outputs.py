@@ -164,11 +164,9 @@ CITIES = ["Paris", "Tokyo", "Lima", "Cairo", "Oslo", "Nairobi", "Toronto", "Hano
 
 
 @pytest.fixture(scope="module")
-def demo_app(tmp_path_factory):
-    """The demo chat model (SmolLM2-135M-Instruct, trained weights), served in process."""
-    from omnistage.demo.smollm import smollm2_dir
-
-    yield from served(smollm2_dir(), "smollm2", tmp_path_factory.mktemp("structured-demo"))
+def demo_app(demo_chat_app):
+    """The demo chat model (SmolLM2-135M-Instruct, trained weights), served in process (tests/serving)."""
+    return demo_chat_app
 
 
 def holds_city(text: str) -> dict:

@@ -215,18 +215,12 @@ def test_bad_tool_fields_are_400_naming_them(qwen: OpenAI, fields: dict, param: 
 
 
 # ---- the demo's chat model ----------------------------------------------------------------------------
-DEMO_PROMPTS = [
-    "Should I take an umbrella in London this afternoon?",
-    "Is it cold in Oslo right now? Tell me in fahrenheit.",
-]  # (the Paris question is the next test's)
+DEMO_PROMPTS = ["Is it cold in Oslo right now? Tell me in fahrenheit."]  # (and the next test's Paris)
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory) -> Iterator[OpenAI]:
-    from omnistage.demo.smollm import smollm2_dir
-
-    for app in served(smollm2_dir(), "smollm2", tmp_path_factory.mktemp("tools-demo")):
-        yield OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=app, max_retries=0)
+def demo(demo_chat_app) -> OpenAI:
+    return OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=demo_chat_app, max_retries=0)
 
 
 def test_the_demo_model_calls_a_named_function_with_valid_arguments(demo: OpenAI) -> None:
@@ -240,7 +234,7 @@ def test_the_demo_model_calls_a_named_function_with_valid_arguments(demo: OpenAI
         jsonschema.validate(arguments, SCHEMAS["get_weather"])
         content, calls, finish, _ = streamed(demo, **fields, tool_choice=NAMED, temperature=0)
         assert (content, calls, finish) == ("", [("get_weather", call.function.arguments)], "tool_calls")
-        never = demo.chat.completions.create(**fields, tool_choice="none", temperature=0, max_tokens=16)
+        never = demo.chat.completions.create(**fields, tool_choice="none", temperature=0, max_tokens=8)
         assert never.choices[0].message.tool_calls is None and never.choices[0].finish_reason != "tool_calls"
 
 
