@@ -82,7 +82,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             area = parts[1] if len(parts) > 2 and parts[0] == "tests" else nodeid
             return "voice-demo" if area in VOICE_DEMO_AREAS else area
 
-    config.option.loadscopereorder = False  # keep the collection's order (longest areas first), not test counts
+    config.option.loadscopereorder = False  # the collection's order (longest areas first), not test counts
     return AreaScheduling(config, log)
 
 
