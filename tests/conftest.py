@@ -26,48 +26,18 @@ SLOW_AREAS = ("bench", "diffusion", "ray", "reliability", "playground", "startup
 AREA_BUDGETS_S = dict.fromkeys(SLOW_AREAS, 300)
 
 
-# The areas that take the longest on 2 cores (worker-seconds of a full run, 2026-12-06: reliability 214,
-# the voice demo's four 216 together, serving 125, ray 105, startup 100, dia 88, ...). They are collected
-# first, so xdist hands them out first and the last units the two workers finish are short ones (longest
-# first balances two workers best; xdist's own order, by number of tests, left ~40 s over half the work).
-LONGEST_AREAS = (
-    "reliability",
-    "speech",
-    "whisper",
-    "bench",
-    "realtime",
-    "serving",
-    "ray",
-    "startup",
-    "dia",
-    "voxcpm2",
-    "qwen3_tts",
-    "demo",
-    "qwen2_5_omni",
-    "ar",
-    "smol",
-    "higgs_audio_v2",
-)
-
-
-def _area(item: pytest.Item) -> str:
-    parts = item.nodeid.split("/")
-    return parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Give every item a node id of its own (under pytest 9.2, schemathesis names its items per API
     operation but leaves them one node id, and pytest-xdist, which keys tests by node id, would run only one
-    of them), and its area's time budget unless it names its own; the longest areas first (a stable sort:
-    every module's tests stay together and in order)."""
-    rank = {area: i for i, area in enumerate(LONGEST_AREAS)}
-    items.sort(key=lambda item: rank.get(_area(item), len(LONGEST_AREAS)))
+    of them), and its area's time budget unless it names its own."""
     shared = {nodeid for nodeid, count in Counter(item.nodeid for item in items).items() if count > 1}
     for item in items:
         if item.nodeid in shared and item.parent is not None:
             item._id = item.parent.id.child(item.name)
         if item.get_closest_marker("timeout") is None:
-            item.add_marker(pytest.mark.timeout(AREA_BUDGETS_S.get(_area(item), DEFAULT_BUDGET_S)))
+            parts = item.nodeid.split("/")
+            area = parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
+            item.add_marker(pytest.mark.timeout(AREA_BUDGETS_S.get(area, DEFAULT_BUDGET_S)))
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -82,7 +52,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             area = parts[1] if len(parts) > 2 and parts[0] == "tests" else nodeid
             return "voice-demo" if area in VOICE_DEMO_AREAS else area
 
-    config.option.loadscopereorder = False  # the collection's order (longest areas first), not test counts
     return AreaScheduling(config, log)
 
 
