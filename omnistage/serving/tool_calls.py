@@ -106,6 +106,13 @@ def plan_tools(
     return plan
 
 
+def tool_parser_of(capabilities: Any, settings: Any) -> str | None:
+    """How a model's replies are read: the server's `--tool-call-parser` for a model that takes tools, else
+    the format its pipeline declares (None: it takes no tools)."""
+    declared = capabilities.tool_parser
+    return declared and (settings.tool_call_parser or declared)
+
+
 def request_tools(body: Any) -> tuple[list[dict[str, Any]] | None, Any]:
     """A pydantic chat request's tools and tool choice as plain JSON values."""
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None

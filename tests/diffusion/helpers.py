@@ -118,3 +118,26 @@ def check_an_abort_frees_the_slot(engine: DiffusionEngine, base: dict[str, Any])
     engine.abort("long")
     rest = drain(engine)
     assert "long" not in rest and rest["keep"][-1].error is None and engine.stats()["num_requests"] == 0
+
+
+def each_alone(engine: DiffusionEngine, cases: list, base: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """(request id, prompt, fields) cases run one after another: each one's final tensor."""
+    out = {}
+    for rid, prompt, fields in cases:
+        engine.add_request(request(rid, prompt, **{**base, **fields}))
+        out[rid] = final_tensor(drain(engine)[rid][-1])
+    return out
+
+
+def all_at_once(engine: DiffusionEngine, cases: list, base: dict[str, Any]) -> tuple[set, dict]:
+    """The cases added together: (the requests the first step advanced, each one's final tensor)."""
+    for rid, prompt, fields in cases:
+        engine.add_request(request(rid, prompt, **{**base, **fields}))
+    first = {o.request_id for o in engine.step()}
+    outs = drain(engine)
+    return first, {rid: final_tensor(outs[rid][-1]) for rid, _, _ in cases}
+
+
+def assert_each_close(got: dict, expected: dict, tolerance: float) -> None:
+    for rid, want in expected.items():
+        assert (got[rid].reshape(want.shape) - want).abs().max() <= tolerance, rid

@@ -17,12 +17,12 @@ from PIL import Image
 from omnistage.families.flux2.tiny import tiny_flux2_klein_dir
 from omnistage.stages.diffusion.engine import DiffusionEngine
 from tests.diffusion.helpers import (
+    all_at_once,
+    assert_each_close,
     check_an_abort_frees_the_slot,
-    drain,
+    each_alone,
     family_engine,
-    final_tensor,
     plain_pipeline_at,
-    request,
 )
 
 pytestmark = pytest.mark.engine
@@ -75,18 +75,10 @@ def references() -> dict[str, torch.Tensor]:
 def test_each_image_equals_the_plain_pipeline_alone_and_four_at_once(references) -> None:
     solo = engine()
     assert solo.mode == "step"
-    for rid, prompt, fields in CASES:
-        solo.add_request(request(rid, prompt, **{**BASE, **fields}))
-        got = final_tensor(drain(solo)[rid][-1])
-        assert (got.reshape(references[rid].shape) - references[rid]).abs().max() <= TOLERANCE, rid
-    batched = engine(step_token_budget=0)  # no per-forward budget: requests share forwards
-    for rid, prompt, fields in CASES:
-        batched.add_request(request(rid, prompt, **{**BASE, **fields}))
-    assert {o.request_id for o in batched.step()} == {"a", "b", "c", "d"}  # one step, edit in its own group
-    outs = drain(batched)
-    for rid, _, _ in CASES:
-        got = final_tensor(outs[rid][-1])
-        assert (got.reshape(references[rid].shape) - references[rid]).abs().max() <= TOLERANCE, rid
+    assert_each_close(each_alone(solo, CASES, BASE), references, TOLERANCE)
+    first, got = all_at_once(engine(step_token_budget=0), CASES, BASE)  # no per-forward budget: shared
+    assert first == {"a", "b", "c", "d"}  # one step, the edit in its own group
+    assert_each_close(got, references, TOLERANCE)
 
 
 def test_an_abort_between_steps_frees_the_slot() -> None:

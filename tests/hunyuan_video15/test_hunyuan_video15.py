@@ -15,8 +15,11 @@ from omnistage.families.hunyuan_video15.tiny import tiny_hunyuan_video15_dir
 from omnistage.serving import media as served_media
 from omnistage.stages.diffusion.engine import DiffusionEngine
 from tests.diffusion.helpers import (
+    all_at_once,
+    assert_each_close,
     check_an_abort_frees_the_slot,
     drain,
+    each_alone,
     family_engine,
     final_tensor,
     plain_pipeline_at,
@@ -67,18 +70,11 @@ def references() -> dict[str, torch.Tensor]:
 def test_each_clip_equals_the_plain_pipeline_alone_and_four_at_once(references) -> None:
     solo = engine()
     assert solo.mode == "step"
-    for rid, prompt, fields in CASES:
-        solo.add_request(request(rid, prompt, **{**BASE, **fields}))
-        got = final_tensor(drain(solo)[rid][-1])
-        assert (got.reshape(references[rid].shape) - references[rid]).abs().max() <= TOLERANCE, rid
-    batched = engine(step_token_budget=0)  # no per-forward budget: same-shape requests share forwards
-    for rid, prompt, fields in CASES:
-        batched.add_request(request(rid, prompt, **{**BASE, **fields}))
-    assert {o.request_id for o in batched.step()} >= {"a", "b", "c"}
-    outs = drain(batched)
-    for rid, _, _ in CASES:
-        got = final_tensor(outs[rid][-1])
-        assert (got.reshape(references[rid].shape) - references[rid]).abs().max() <= TOLERANCE, rid
+    assert_each_close(each_alone(solo, CASES, BASE), references, TOLERANCE)
+    # No per-forward budget: same-shape requests share forwards.
+    first, got = all_at_once(engine(step_token_budget=0), CASES, BASE)
+    assert first >= {"a", "b", "c"}
+    assert_each_close(got, references, TOLERANCE)
 
 
 def test_an_abort_between_steps_frees_the_slot() -> None:

@@ -17,12 +17,12 @@ from PIL import Image
 from omnistage.families.z_image.tiny import tiny_z_image_dir
 from omnistage.stages.diffusion.engine import DiffusionEngine
 from tests.diffusion.helpers import (
+    all_at_once,
+    assert_each_close,
     check_an_abort_frees_the_slot,
-    drain,
+    each_alone,
     family_engine,
-    final_tensor,
     plain_pipeline_at,
-    request,
 )
 
 pytestmark = pytest.mark.engine
@@ -70,22 +70,14 @@ def references() -> dict[str, torch.Tensor]:
 def test_each_image_equals_the_plain_pipeline_alone(references) -> None:
     solo = engine()
     assert solo.mode == "step"
-    for rid, prompt, fields in CASES:
-        solo.add_request(request(rid, prompt, **{**BASE, **fields}))
-        got = final_tensor(drain(solo)[rid][-1])
-        assert (got.reshape(references[rid].shape) - references[rid]).abs().max() <= TOLERANCE, rid
+    assert_each_close(each_alone(solo, CASES, BASE), references, TOLERANCE)
 
 
 def test_five_at_once_share_forwards_and_each_equals_the_plain_pipeline(references) -> None:
-    batched = engine(step_token_budget=0)  # no per-forward budget: same-shape requests share every forward
-    for rid, prompt, fields in CASES:
-        batched.add_request(request(rid, prompt, **{**BASE, **fields}))
-    first = batched.step()
-    assert {o.request_id for o in first} >= {"a", "b", "c", "e"}  # one forward for the 32x32 ones
-    outs = drain(batched)
-    for rid, _, _ in CASES:
-        got = final_tensor(outs[rid][-1])
-        assert (got.reshape(references[rid].shape) - references[rid]).abs().max() <= TOLERANCE, rid
+    # No per-forward budget: same-shape requests share every forward.
+    first, got = all_at_once(engine(step_token_budget=0), CASES, BASE)
+    assert first >= {"a", "b", "c", "e"}  # one forward for the 32x32 ones
+    assert_each_close(got, references, TOLERANCE)
 
 
 def test_an_abort_between_steps_frees_the_slot() -> None:

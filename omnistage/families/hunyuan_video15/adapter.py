@@ -46,11 +46,8 @@ class HunyuanVideo15Adapter(StepAdapter):
         from diffusers.pipelines.hunyuan_video1_5.pipeline_hunyuan_video1_5 import retrieve_timesteps
 
         pipe, p = self.pipe, req.params
-        guider = (
-            pipe.guider.new(guidance_scale=p.guidance_scale)
-            if p.guidance_scale is not None
-            else pipe.guider.new()
-        )
+        scale = {} if p.guidance_scale is None else {"guidance_scale": p.guidance_scale}
+        guider = pipe.guider.new(**scale)  # the request's own copy (it keeps per-step state)
         dtype, n = pipe.transformer.dtype, p.num_outputs
         text = {"device": self.device, "dtype": dtype, "batch_size": 1, "num_videos_per_prompt": n}
         embeds, mask, glyph, glyph_mask = pipe.encode_prompt(prompt=req.prompt, **text)

@@ -27,7 +27,7 @@ from omnistage.serving.realtime.conversation import Conversation, Item, new_id
 from omnistage.serving.realtime.events import SAMPLE_RATE, ResponseOptions, SessionConfig
 from omnistage.serving.served import ServedModel
 from omnistage.serving.stage_params import build_stage_params
-from omnistage.serving.tool_calls import ToolPlan, plan_tools
+from omnistage.serving.tool_calls import ToolPlan, plan_tools, tool_parser_of
 from omnistage.serving.tool_parsers import Delta, Reader
 
 logger = logging.getLogger(__name__)
@@ -238,8 +238,7 @@ class Response:
         choice = self.options.tool_choice or self.config.tool_choice
         if not isinstance(choice, str):
             choice = {"type": "function", "function": {"name": choice.name}}
-        declared = model.capabilities.tool_parser
-        parser = declared and (ctx.settings.tool_call_parser or declared)
+        parser = tool_parser_of(model.capabilities, ctx.settings)
         listed = [tool.as_chat_tool() for tool in tools] or None
         return plan_tools(listed, choice, True, parser, model.name)
 

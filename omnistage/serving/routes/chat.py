@@ -41,7 +41,7 @@ from omnistage.serving.stage_params import (
     sampling_fields,
 )
 from omnistage.serving.structured_outputs import structured_outputs_of
-from omnistage.serving.tool_calls import ToolPlan, plan_tools, request_tools
+from omnistage.serving.tool_calls import ToolPlan, plan_tools, request_tools, tool_parser_of
 from omnistage.serving.tool_parsers import Reader, read_whole
 
 router = APIRouter()
@@ -89,8 +89,7 @@ async def chat_completions(
 def _tool_plan(body: ChatCompletionRequest, model: ServedModel, ctx: ServerContext) -> ToolPlan:
     """The request's tools against what the model takes (its parser, or the server's `--tool-call-parser`
     for a model that takes tools)."""
-    declared = model.capabilities.tool_parser
-    parser = declared and (ctx.settings.tool_call_parser or declared)
+    parser = tool_parser_of(model.capabilities, ctx.settings)
     tools, choice = request_tools(body)
     return plan_tools(
         tools, choice, body.parallel_tool_calls, parser, model.name, structured_outputs_of(body)
