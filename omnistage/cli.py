@@ -219,9 +219,11 @@ def save_output(out: Any, out_dir: Path, stem: str) -> dict[str, Any]:
         record["files"].append(f"{stem}_{k}.png")
     if out.video is not None:
         from omnistage.media import encode_video
+        from omnistage.serving.routes.videos import soundtrack_of
 
         for k, clip in enumerate(out.video if out.video.ndim == 5 else out.video[None]):
-            (out_dir / f"{stem}_{k}.mp4").write_bytes(encode_video(clip, out.fps or 16))
+            mp4 = encode_video(clip, out.fps or 16, **soundtrack_of(out, k))
+            (out_dir / f"{stem}_{k}.mp4").write_bytes(mp4)
             record["files"].append(f"{stem}_{k}.mp4")
     return record
 

@@ -19,6 +19,7 @@ import torch
 from PIL import Image
 
 IMAGE_FORMATS = {"png": "PNG", "jpeg": "JPEG", "jpg": "JPEG", "webp": "WEBP"}
+PCM16_SCALE = 32767  # float samples in [-1, 1] ↔ 16-bit PCM
 MIME_TYPES = {
     "png": "image/png",
     "jpeg": "image/jpeg",
@@ -69,28 +70,51 @@ def decode_image(data: Any) -> Image.Image:
     )
 
 
-def encode_video(frames: Any, fps: int, crf: int = 18) -> bytes:
-    """uint8 `[F, H, W, 3]` frames as H.264 MP4 at `fps` (odd sizes are edge-padded: yuv420p needs even)."""
+def encode_video(
+    frames: Any, fps: int, crf: int = 18, audio: Any = None, sample_rate: int | None = None
+) -> bytes:
+    """uint8 `[F, H, W, 3]` frames as H.264 MP4 at `fps` (odd sizes are edge-padded: yuv420p needs even),
+    with `audio` (float samples, `[N]` mono or `[2, N]` stereo, at `sample_rate`) as its sound track where
+    the clip has one. The track is FLAC, lossless: it decodes to the samples within 16-bit quantization."""
     array = _numpy(to_uint8(frames))
     if array.ndim != 4 or array.shape[-1] != 3:
         raise ValueError(f"video frames must be [F, H, W, 3], got shape {array.shape}")
     pad_h, pad_w = array.shape[1] % 2, array.shape[2] % 2
     if pad_h or pad_w:
         array = np.pad(array, ((0, 0), (0, pad_h), (0, pad_w), (0, 0)), mode="edge")
-    import av
-
     buf = io.BytesIO()
     with av.open(buf, mode="w", format="mp4") as container:
         stream = container.add_stream("libx264", rate=int(fps))
         stream.width, stream.height = array.shape[2], array.shape[1]
         stream.pix_fmt = "yuv420p"
         stream.options = {"crf": str(crf)}
+        if audio is not None:
+            _mux_audio(container, audio, sample_rate)
         for frame in array:
             for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
     return buf.getvalue()
+
+
+def _mux_audio(container: Any, audio: Any, sample_rate: int | None) -> None:
+    """Float samples → a 16-bit FLAC stream of `container` (samples beyond [-1, 1] are clipped)."""
+    if not sample_rate:
+        raise ValueError("a video's audio needs its sample_rate")
+    samples = _numpy(audio).astype(np.float32)
+    samples = samples[None] if samples.ndim == 1 else samples
+    if samples.ndim != 2 or samples.shape[0] not in (1, 2):
+        raise ValueError(f"video audio must be [N] mono or [2, N] stereo samples, got shape {samples.shape}")
+    layout = "mono" if samples.shape[0] == 1 else "stereo"
+    stream = container.add_stream("flac", rate=int(sample_rate))
+    stream.layout, stream.format = layout, "s16"
+    pcm = (np.clip(samples, -1.0, 1.0) * PCM16_SCALE).round().astype(np.int16)
+    interleaved = np.ascontiguousarray(pcm.T).reshape(1, -1)
+    frame = av.AudioFrame.from_ndarray(interleaved, format="s16", layout=layout)
+    frame.sample_rate, frame.pts, frame.time_base = int(sample_rate), 0, Fraction(1, int(sample_rate))
+    for packet in [*stream.encode(frame), *stream.encode()]:  # the muxer needs the frame's timestamps
+        container.mux(packet)
 
 
 def decode_video(data: bytes) -> tuple[np.ndarray, float]:

@@ -49,6 +49,8 @@ FAMILIES = (
     "omnistage.families.z_image",
     "omnistage.families.flux2",
     "omnistage.families.hunyuan_video15",
+    "omnistage.families.qwen_image_edit",
+    "omnistage.families.ltx2",
     "omnistage.families.diffusers",
     "omnistage.families.llm",
 )

@@ -73,3 +73,23 @@ def test_psnr():
     a = np.zeros((4, 4))
     assert media.psnr(a, a) == float("inf")
     assert abs(media.psnr(a, a + 0.1) - 20.0) < 1e-9
+
+
+@pytest.mark.parametrize("channels", [1, 2])
+def test_mp4_carries_a_sound_track_that_decodes_to_the_samples(channels):
+    """The track is FLAC in the MP4: it decodes to the float samples within 16-bit quantization."""
+    import av
+
+    samples = np.random.RandomState(channels).uniform(-0.9, 0.9, (channels, 3200)).astype(np.float32)
+    audio = samples[0] if channels == 1 else samples
+    data = media.encode_video(gradient()[None].repeat(5, 0), fps=25, audio=audio, sample_rate=16000)
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.audio[0]
+        assert (stream.codec_context.name, stream.sample_rate) == ("flac", 16000)
+        pcm = np.concatenate([f.to_ndarray().reshape(-1) for f in container.decode(stream)])
+    decoded = pcm.reshape(-1, channels).T / media.PCM16_SCALE
+    assert decoded.shape == samples.shape
+    assert np.abs(decoded - samples).max() <= 0.5 / media.PCM16_SCALE + 1e-7
+    assert media.decode_video(data)[0].shape == (5, 32, 48, 3)
+    with pytest.raises(ValueError, match="sample_rate"):
+        media.encode_video(gradient()[None], fps=25, audio=audio)

@@ -32,6 +32,7 @@ from omnistage.serving.logprobs import TokenLogprobs
 from omnistage.serving.media import data_url, encode_audio
 from omnistage.serving.prompt_tokens import check_chat_tokens
 from omnistage.serving.protocol import ChatCompletionRequest, ChatDiffusionExtras
+from omnistage.serving.routes.videos import soundtrack_of
 from omnistage.serving.served import ServedModel
 from omnistage.serving.sse import DONE, SSE_HEADERS, sse
 from omnistage.serving.stage_params import (
@@ -221,7 +222,7 @@ class _Reply:
                 message["tool_calls"] = calls
                 finish_reason = _calls_finish(finish_reason)
         media = [_image_part(img) for img in images_of(out)]
-        media += [_video_part(v, fps_of(out)) for v in videos_of(out)]
+        media += [_video_part(v, fps_of(out), **soundtrack_of(out, k)) for k, v in enumerate(videos_of(out))]
         if media:
             message["content"] = ([{"type": "text", "text": text}] if text else []) + media
         samples = audio_of(out)
@@ -290,8 +291,10 @@ def _image_part(image: Any) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": data_url("image/png", encode_image(image, "png"))}}
 
 
-def _video_part(video: Any, fps: int) -> dict[str, Any]:
-    return {"type": "video_url", "video_url": {"url": data_url("video/mp4", encode_video(video, fps))}}
+def _video_part(video: Any, fps: int, **soundtrack: Any) -> dict[str, Any]:
+    """An MP4 data URL, with the clip's sound track where it has one (`soundtrack_of`)."""
+    mp4 = encode_video(video, fps, **soundtrack)
+    return {"type": "video_url", "video_url": {"url": data_url("video/mp4", mp4)}}
 
 
 def _usage(outputs: list[OmniRequestOutput]) -> dict[str, int]:
@@ -356,8 +359,8 @@ def _delta_events(reply: _Reply, index: int, out: OmniRequestOutput) -> list[str
             events.append(
                 reply.chunk(index, {"content": data_url("image/png", encode_image(image, "png"))}, "image")
             )
-        for video in videos_of(out):
-            url = data_url("video/mp4", encode_video(video, fps_of(out)))
+        for k, video in enumerate(videos_of(out)):
+            url = data_url("video/mp4", encode_video(video, fps_of(out), **soundtrack_of(out, k)))
             events.append(reply.chunk(index, {"content": url}, "video"))
     return events
 

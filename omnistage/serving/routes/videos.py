@@ -20,8 +20,8 @@ from fastapi.responses import FileResponse, Response
 
 from omnistage.errors import InvalidRequestError, NotFoundError, OmniError, OverloadedError
 from omnistage.media import encode_video
-from omnistage.outputs import Progress
-from omnistage.serving.artifacts import DEFAULT_FPS, fps_of, videos_of
+from omnistage.outputs import OmniRequestOutput, Progress
+from omnistage.serving.artifacts import DEFAULT_FPS, fps_of, sample_rate_of, videos_of
 from omnistage.serving.context import ServerContext, get_context
 from omnistage.serving.errors import ConflictError, SchemaError
 from omnistage.serving.forms import files, multipart_openapi, read_form, text_fields
@@ -128,9 +128,20 @@ async def create_video_sync(request: Request, ctx: ServerContext = Depends(get_c
     videos = videos_of(out)
     if not videos:
         raise OmniError("the model did not produce a video")
-    data = await asyncio.to_thread(encode_video, videos[0], fps_of(out))
+    data = await asyncio.to_thread(encode_video, videos[0], fps_of(out), **soundtrack_of(out))
     headers = {"x-request-id": request_id, "x-inference-time-s": f"{time.perf_counter() - start:.3f}"}
     return Response(data, media_type="video/mp4", headers=headers)
+
+
+def soundtrack_of(out: OmniRequestOutput, index: int = 0) -> dict[str, Any]:
+    """The `index`-th clip's sound track as `encode_video` takes it (`audio`, `sample_rate`), where the model
+    made one with its frames (LTX-2); none otherwise. Every channel of every clip is in `outputs["audios"]`
+    where there is more than one of either, else `audio` is the one clip's mono track."""
+    if out.audio is None:
+        return {}
+    audios = out.outputs.get("audios")
+    audio = audios[index] if audios is not None else out.audio
+    return {"audio": audio, "sample_rate": sample_rate_of(out)}
 
 
 def _check_admission(model: ServedModel) -> None:
@@ -176,7 +187,7 @@ async def _complete(ctx: ServerContext, job: VideoJob, out: Any, elapsed: float)
     if not videos:
         raise OmniError("the model did not produce a video")
     video, fps = videos[0], fps_of(out)
-    data = await asyncio.to_thread(encode_video, video, fps)
+    data = await asyncio.to_thread(encode_video, video, fps, **soundtrack_of(out))
     if job.id not in ctx.videos.jobs:
         return  # deleted while encoding
     ctx.videos.write_video(job, data)

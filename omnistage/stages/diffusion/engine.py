@@ -33,7 +33,7 @@ from omnistage.params import DiffusionParams, layer_params
 from omnistage.prompts import ChatPrompt, SpeechPrompt, TextPrompt, as_prompt, prompt_text
 from omnistage.stages.base import EngineContext, StageRequest
 from omnistage.stages.diffusion import lora
-from omnistage.stages.diffusion.request import DiffusionRequest
+from omnistage.stages.diffusion.request import DiffusionRequest, VideoWithAudio
 from omnistage.stages.diffusion.runner import DiffusionRunner
 from omnistage.stages.diffusion.scheduler import RequestBatchScheduler, StepScheduler
 
@@ -306,10 +306,13 @@ class DiffusionEngine:
         self._forget(req)
         return error_output(req.request_id, exc)
 
-    def _final(self, req: DiffusionRequest, result: torch.Tensor) -> StageOutput:
+    def _final(self, req: DiffusionRequest, result: torch.Tensor | VideoWithAudio) -> StageOutput:
         """The request's one terminal output: media tensors per the output conventions, plus metrics."""
         self._forget(req)
         p = req.params
+        soundtrack = result if isinstance(result, VideoWithAudio) else None
+        if soundtrack is not None:
+            result = soundtrack.frames
         as_float = p.output_format == "tensor"
         convert = (lambda x: x.float().contiguous()) if as_float else media.to_uint8
         out = StageOutput(
@@ -321,15 +324,13 @@ class DiffusionEngine:
             progress=Progress(req.num_steps, req.num_steps),  # every step done
         )
         if self.adapter.modality == "audio":
-            audio = result.float()
-            out.audio = (audio[0].mean(0) if audio.dim() == 3 else audio[0]).contiguous()
-            if audio.shape[0] > 1 or audio.dim() == 3:
-                out.tensors["audios"] = audio.contiguous()  # every output, every channel
-            out.sample_rate = self.adapter.sample_rate()
+            _put_audio(out, result, self.adapter.sample_rate())
         elif result.dim() == 5 and (p.num_frames != 1 or p.output_format == "mp4"):
             out.video, out.fps = convert(result), p.fps
         else:
             out.images = convert(result[:, 0] if result.dim() == 5 else result)
+        if soundtrack is not None:  # the video's own sound track, as an audio model's output carries it
+            _put_audio(out, soundtrack.audio, soundtrack.sample_rate)
         return out
 
     def _metrics(self, req: DiffusionRequest) -> dict[str, Any]:
@@ -345,6 +346,16 @@ class DiffusionEngine:
             if key in req.timings:
                 metrics[key] = round(req.timings[key], 6)
         return metrics
+
+
+def _put_audio(out: StageOutput, audio: torch.Tensor, sample_rate: int | None) -> None:
+    """Float samples, `[k, N]` or `[k, C, N]`: the first output's mono mix in `audio` (what audio routes play)
+    and, where there is more than one output or channel, all of them in `tensors["audios"]`."""
+    audio = audio.float()
+    out.audio = (audio[0].mean(0) if audio.dim() == 3 else audio[0]).contiguous()
+    if audio.shape[0] > 1 or audio.dim() == 3:
+        out.tensors["audios"] = audio.contiguous()  # every output, every channel
+    out.sample_rate = sample_rate
 
 
 def create_engine(ctx: EngineContext) -> DiffusionEngine:

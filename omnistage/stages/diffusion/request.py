@@ -44,6 +44,16 @@ class StepState:
 
 
 @dataclasses.dataclass
+class VideoWithAudio:
+    """A clip whose model made its sound track with it (LTX-2): what such a family's `decode` (or
+    `split_output`) returns, so the engine's output carries the frames and the waveform together."""
+
+    frames: torch.Tensor  # [k, F, H, W, 3] floats in [0, 1]
+    audio: torch.Tensor  # [k, C, N] float samples
+    sample_rate: int
+
+
+@dataclasses.dataclass
 class DiffusionRequest:
     """`params` has every knob the family uses filled in (no None left for height, steps, guidance...)."""
 
