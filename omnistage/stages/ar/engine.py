@@ -28,12 +28,13 @@ from typing import Any
 import torch
 
 from omnistage.config.pipeline import load_ref
-from omnistage.errors import InvalidRequestError, OmniError
+from omnistage.errors import ConfigError, InvalidRequestError, OmniError
 from omnistage.outputs import Choice, StageOutput, error_output
 from omnistage.stages.ar.ar_inputs import ARInputs
 from omnistage.stages.ar.args import ARArgs
 from omnistage.stages.ar.cpu import native
 from omnistage.stages.ar.cpu.packed_linear import pack_linears, packing_available
+from omnistage.stages.ar.cpu.quantized_linear import quantize_linears
 from omnistage.stages.ar.cross_attention import encoder_states, project
 from omnistage.stages.ar.detokenizer import IncrementalDetokenizer, decoder_for
 from omnistage.stages.ar.guidance import guided_logits, twin_request
@@ -134,6 +135,14 @@ class AREngine:
         ref = args.model_loader
         loader = load_ref(ref) if ref else load_causal_lm
         model = check_loaded(loader(model_dir, self.dtype, str(self.device)), str(ref or "default"))
+        if args.quantization != "none":
+            if self.device.type != "cpu":
+                raise ConfigError(
+                    "engine_args.quantization runs on the CPU only (torch's weight-only CPU kernels)"
+                )
+            quantize_linears(
+                model.decoder, args.quantization, self.dtype, skip=(model.head, *model.heads.values())
+            )
         if self.fast_path and packing_available():
             for module in (model.decoder, model.head, *model.heads.values(), *model.step_modules):
                 pack_linears(module)

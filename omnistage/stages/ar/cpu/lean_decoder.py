@@ -37,6 +37,7 @@ from omnistage.stages.ar.attention import paged_attention_forward
 from omnistage.stages.ar.cpu import native
 from omnistage.stages.ar.cpu.layer_forms import layer_form
 from omnistage.stages.ar.cpu.packed_linear import Joint, JointLinear, fuse_packed
+from omnistage.stages.ar.cpu.quantized_linear import QuantizedJoint
 
 
 def lean_decoder(decoder: Any) -> Any:
@@ -137,7 +138,7 @@ class LeanDecoder:
             return f"norm weights of dtype {sorted(map(str, dtypes))}"
         if not all(w.device.type == "cpu" for w in weights):
             return "weights off the CPU"
-        if not all(isinstance(j, JointLinear) for j in joints):
+        if not all(isinstance(j, JointLinear | QuantizedJoint) for j in joints):
             return "linears not packed"
         return None
 

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omnistage.stages.ar.cpu.quantized_linear import QuantizedJoint, is_quantized
 from omnistage.stages.ar.loader import cpu_has_native
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,8 @@ def pack_linears(model: nn.Module, batch_hint: int = BATCH_HINT) -> int:
     for module in model.modules():
         weight = getattr(module, "weight", None)
         if type(module) is not nn.Linear or weight.dtype not in dtypes or weight.device.type != "cpu":
+            continue
+        if is_quantized(module):
             continue
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_hint)
         bias = module.bias.detach() if module.bias is not None else None
@@ -85,14 +88,20 @@ class JointLinear:
         return _pointwise(self.packed, self.bias, x)
 
 
-def fuse_packed(*linears: nn.Module) -> JointLinear | None:
-    """The joint GEMM of packed linears sharing their input; None unless all of them are packed. Each
+def fuse_packed(*linears: nn.Module) -> JointLinear | QuantizedJoint | None:
+    """The joint GEMM of packed (or all weight-only quantized) linears sharing their input; None unless all
+    of them are. Each
     linear's own forward then takes its part of the joint GEMM, so their separate packed copies are freed
     (same results, same memory)."""
     biases = [m.bias for m in linears]
-    if not all(_is_packed(m) for m in linears) or len({b is None for b in biases}) > 1:
+    if len({b is None for b in biases}) > 1:
         return None
-    joint = JointLinear(linears)
+    if all(is_quantized(m) for m in linears):
+        joint: Joint = QuantizedJoint(linears)
+    elif all(_is_packed(m) for m in linears):
+        joint = JointLinear(linears)
+    else:
+        return None
     for i, module in enumerate(linears):
         module.forward = functools.partial(_part_of, joint, i)
     return joint
