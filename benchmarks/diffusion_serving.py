@@ -43,6 +43,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import diffusion_families  # noqa: E402
 
 from omnistage import media  # noqa: E402
 from omnistage.config.deploy import StageDeploy  # noqa: E402
@@ -355,6 +358,28 @@ def short_latency(model: str, args, pipe) -> dict:
     return {**rows, "long_latency_s": long_latency}
 
 
+def family_main(args) -> int:
+    """Sections 1 and 3 for each `--family`, their figures printed one line each."""
+    torch.set_num_threads(args.threads)
+    sections = {int(s) for s in args.sections.split(",")}
+    report: dict[str, Any] = {"load_before": os.getloadavg()}
+    log(f"load average {report['load_before']}, torch threads {args.threads}")
+    for name in args.family:
+        if 1 in sections:
+            log("\n[1] overhead at concurrency 1 (one request at a time, same seeds)")
+            report[f"{name}_overhead"] = diffusion_families.overhead(
+                name, args.overhead_repeats, args.threads, log
+            )
+        if 3 in sections:
+            log("\n[3] short requests behind a long one")
+            report[f"{name}_short"] = diffusion_families.short_latency(name, args.shorts, args.threads, log)
+    report["load_after"] = os.getloadavg()
+    log(f"\nload average after: {report['load_after']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2, default=float))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller workload to check the script")
@@ -388,7 +413,17 @@ def main(argv: list[str] | None = None) -> int:
         help="cache-dit options as JSON (an object, or a list of objects: one cached mode each), or 'fixed'",
     )
     parser.add_argument("--json", default=None, help="write all figures here")
+    parser.add_argument(
+        "--family",
+        action="append",
+        choices=sorted(diffusion_families.FAMILIES),
+        help="sections 1 and 3 on this step-wise family's checkpoint instead of Wan (repeatable); see "
+        "benchmarks/diffusion_families.py",
+    )
+    parser.add_argument("--shorts", type=int, default=4, help="--family: short requests behind the long one")
     args = parser.parse_args(argv)
+    if args.family:
+        return family_main(args)
     if args.quick:
         args.requests, args.frames, args.size, args.steps = 3, 9, 64, 6
         args.long_frames, args.overhead_repeats, args.rounds = 17, 1, 2
