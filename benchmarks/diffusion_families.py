@@ -1,8 +1,8 @@
 """Diffusion serving per family (issue 58): the step-wise families against their plain diffusers call.
 
 `python benchmarks/diffusion_serving.py --family NAME` runs these two sections on one family's tiny
-checkpoint (the same one its equality tests use), sized by the table below so a request is mostly the
-model's arithmetic:
+checkpoint (the one its equality tests use; Stable Audio's bench-sized one), with requests sized by the
+table below so a request is mostly the model's arithmetic:
 
   1. overhead at concurrency 1: one request at a time, the plain `pipe(...)` call (exactly the call request
      mode makes: the adapter's `call_kwargs`) against the engine in step mode, interleaved, same seeds;
@@ -66,14 +66,15 @@ def _dir(module: str, name: str, *args: Any) -> Callable[[], Path]:
 FAMILIES = {
     "z_image": Family(
         _dir("omnistage.families.z_image.tiny", "tiny_z_image_dir"),
-        {"height": 256, "width": 256, "num_inference_steps": 8},
-        {"height": 256, "width": 256, "num_inference_steps": 32},  # its rotary table ends at 32 patches
-        {"height": 128, "width": 128},
+        # 4 images a request: the tiny model's forward is a few ms, and its rotary table ends at 32 patches
+        {"height": 256, "width": 256, "num_inference_steps": 8, "num_outputs": 4},
+        {"num_inference_steps": 32},
+        {"height": 128, "width": 128, "num_outputs": 1},
     ),
     "flux2": Family(
         _dir("omnistage.families.flux2.tiny", "tiny_flux2_klein_dir"),
         {"height": 256, "width": 256, "num_inference_steps": 8},
-        {"height": 448, "width": 448, "num_inference_steps": 16},
+        {"height": 448, "width": 448, "num_inference_steps": 32},
         {"height": 128, "width": 128},
         edits=True,
     ),
@@ -97,7 +98,7 @@ FAMILIES = {
         {"height": 32, "width": 32, "num_frames": 9},
     ),
     "stable_audio": Family(
-        _dir("omnistage.families.diffusers.tiny", "tiny_pipeline_dir", "tiny-stable-audio"),
+        _dir("omnistage.families.diffusers.tiny", "stable_audio_bench_dir"),  # 1024 latent frames
         {"num_inference_steps": 16},
         {"num_inference_steps": 64},
         {"num_inference_steps": 8},

@@ -342,11 +342,9 @@ def build_qwen_image(path: Path) -> None:
     pipe.save_pretrained(path)
 
 
-def build_stable_audio(path: Path) -> None:
+def build_stable_audio(path: Path, sample_size: int = 32, layers: int = 1, heads: int = 2) -> None:
     """Stable Audio Open layout: T5 encoder + number conditioners, StableAudioDiT, Oobleck VAE (stereo).
-
-    No step adapter exists for it: the engine serves it as whole pipeline calls (the generic fallback).
-    """
+    `sample_size` (latent frames), `layers` and `heads` (of 8 dimensions) size the DiT for benchmarks."""
     from diffusers import (
         AutoencoderOobleck,
         EDMDPMSolverMultistepScheduler,
@@ -366,11 +364,11 @@ def build_stable_audio(path: Path) -> None:
         sampling_rate=16000,
     )
     transformer = StableAudioDiTModel(
-        sample_size=32,
+        sample_size=sample_size,
         in_channels=4,
-        num_layers=1,
+        num_layers=layers,
         attention_head_dim=8,
-        num_attention_heads=2,
+        num_attention_heads=heads,
         num_key_value_attention_heads=1,
         out_channels=4,
         cross_attention_dim=32,
@@ -406,6 +404,13 @@ BUILDERS = {
 def tiny_pipeline_dir(name: str) -> Path:
     """The cached directory of one tiny pipeline (built on first use)."""
     return cached_dir(name, VERSION, BUILDERS[name])
+
+
+def stable_audio_bench_dir(sample_size: int = 1024, layers: int = 4, heads: int = 8) -> Path:
+    """A Stable Audio checkpoint sized for the serving benchmark (random weights): the tiny one's forward
+    takes a few milliseconds, so a request's figure would be its bookkeeping."""
+    build = lambda p: build_stable_audio(p, sample_size, layers, heads)  # noqa: E731
+    return cached_dir(f"bench-stable-audio-s{sample_size}l{layers}h{heads}", VERSION, build)
 
 
 def wan_bench_dir(dim: int = 128, heads: int = 2, layers: int = 8, ffn: int = 384) -> Path:

@@ -107,10 +107,14 @@ class HunyuanVideo15Adapter(StepAdapter):
         return branches if guider.num_conditions > 1 else branches[:1]
 
     def forward_groups(self, inputs: list[dict[str, Any]]) -> list[list[int]]:
-        """Inputs of equal shapes share a forward (an image's aspect sets its video's size)."""
+        """Inputs of equal shapes share a forward (an image's aspect sets its video's size). On a CPU each
+        branch runs alone, as the pipeline's guider runs them: its attention over the padded text takes a
+        full mask, and two rows of it in one forward took 38% longer than the two apart (measured at 64x64,
+        9 frames: a request 1.68 s against the plain call's 1.51 s; apart 1.33 s against 1.31 s)."""
         groups: dict[tuple, list[int]] = {}
+        alone = self.device.type == "cpu"
         for i, branch in enumerate(inputs):
-            key = (branch["hidden_states"].shape[1:], branch["image_embeds"].shape[1:])
+            key = (branch["hidden_states"].shape[1:], branch["image_embeds"].shape[1:], i if alone else None)
             groups.setdefault(key, []).append(i)
         return list(groups.values())
 
