@@ -46,6 +46,7 @@ def start_llama_cpp(python: str, gguf: Path, port: int, threads: int, name: str)
     command = [
         python, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", name, "--port", str(port),
         "--n_threads", str(threads), "--n_ctx", "2048", "--verbose", "False",
+        "--interrupt_requests", "False",  # its default: a new request cuts the one in flight short
     ]  # fmt: skip
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
