@@ -55,16 +55,7 @@ from omnistage.params import DiffusionParams  # noqa: E402
 from omnistage.stages.base import StageRequest  # noqa: E402
 from omnistage.stages.diffusion.engine import DiffusionEngine  # noqa: E402
 
-PROMPTS = [
-    "a red fox running through the snowy forest at dawn",
-    "waves crashing on a rocky shore under a stormy sky",
-    "a small robot painting a picture of a city skyline",
-    "an astronaut riding a horse on the moon",
-    "a bowl of fruit on a wooden table",
-    "a watercolor painting of mountains and a quiet lake",
-    "a cat sitting on a bench in the sun",
-    "the quick brown fox jumps over the lazy dog",
-]
+PROMPTS = diffusion_families.PROMPTS  # one list: --demo-captions replaces its items
 # A fixed caching schedule for random-weight models (their residuals never fall under a threshold): compute
 # the first 4 steps and the last, then one step in three.
 FIXED_MASK_20 = [1, 1, 1, 1, 0, 0, 1, 0, 0, 1, 0, 0, 1, 0, 0, 1, 0, 0, 1, 1]

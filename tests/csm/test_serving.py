@@ -147,10 +147,3 @@ def test_disconnect_mid_stream_frees_both_stages(http: httpx.Client, server) -> 
         http.post("/v1/audio/speech", json={**body, "stage_params": GREEDY, "stream": False}).status_code
         == 200
     )
-
-
-def test_an_uploaded_voice_survives_a_restart(client: OpenAI, server, dirs) -> None:
-    """Last: the module's server stops, and a new one on the same voices directory speaks the voice alike."""
-    speech_family.speaks_alike_after_restart(
-        lambda c: speak(c, voice="teller"), client, server, tiny_csm_dir(), dirs
-    )

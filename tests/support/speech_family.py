@@ -58,23 +58,6 @@ def module_fixtures(model_dir: Callable[[], Path], name: str) -> tuple:
     return dirs, server, http, client
 
 
-def speaks_alike_after_restart(
-    speak: Callable[[Any], bytes], client: Any, server: ServerProcess, model_dir: Path, dirs: tuple
-) -> None:
-    """`speak(client)` (an uploaded voice), then the module's server stopped and a new one on the same voices
-    directory: the same audio. Run last in its module."""
-    from openai import OpenAI
-
-    before = speak(client)
-    server.stop()
-    again = start(model_dir, dirs[0], dirs[1] / "restarted.log")
-    try:
-        with OpenAI(base_url=again.url + "/v1", api_key="unused", max_retries=0) as fresh:
-            assert speak(fresh) == before
-    finally:
-        again.stop()
-
-
 def refused_param(error) -> str | None:
     """The `param` of an `openai.BadRequestError`'s OpenAI error body."""
     body = error.body if isinstance(error.body, dict) else {}

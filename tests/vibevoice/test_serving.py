@@ -98,10 +98,3 @@ def test_disconnect_mid_stream_frees_both_stages(http: httpx.Client, server) -> 
     speech_family.leave_mid_stream(http, server, model(), body, ("lm", "audio"))
     again = {**body, "input": TEXT, "stage_params": SEEDED, "stream": False}
     assert http.post("/v1/audio/speech", json=again).status_code == 200
-
-
-def test_an_uploaded_voice_survives_a_restart(client: OpenAI, server, dirs) -> None:
-    """Last: the module's server stops, and a new one on the same voices directory speaks the voice alike."""
-    speech_family.speaks_alike_after_restart(
-        lambda c: speak(c, voice="teller"), client, server, tiny_vibevoice_dir(), dirs
-    )

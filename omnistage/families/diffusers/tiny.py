@@ -291,11 +291,27 @@ def _qwen25_vl():
     return Qwen2_5_VLForConditionalGeneration(config).eval()
 
 
+def qwen_image_scheduler():
+    """Qwen-Image's scheduler settings (dynamic exponential shift): its edit pipelines' too."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    return FlowMatchEulerDiscreteScheduler(
+        base_image_seq_len=256,
+        base_shift=0.5,
+        max_image_seq_len=8192,
+        max_shift=0.9,
+        num_train_timesteps=1000,
+        shift=1.0,
+        shift_terminal=0.02,
+        time_shift_type="exponential",
+        use_dynamic_shifting=True,
+    )
+
+
 def build_qwen_image(path: Path) -> None:
     """Qwen-Image layout: Qwen2.5-VL text encoder (chat template), QwenImage MMDiT, causal VAE, true CFG."""
     from diffusers import (
         AutoencoderKLQwenImage,
-        FlowMatchEulerDiscreteScheduler,
         QwenImagePipeline,
         QwenImageTransformer2DModel,
     )
@@ -321,17 +337,7 @@ def build_qwen_image(path: Path) -> None:
         latents_mean=WAN_LATENTS_MEAN,
         latents_std=WAN_LATENTS_STD,
     )
-    scheduler = FlowMatchEulerDiscreteScheduler(
-        base_image_seq_len=256,
-        base_shift=0.5,
-        max_image_seq_len=8192,
-        max_shift=0.9,
-        num_train_timesteps=1000,
-        shift=1.0,
-        shift_terminal=0.02,
-        time_shift_type="exponential",
-        use_dynamic_shifting=True,
-    )
+    scheduler = qwen_image_scheduler()
     pipe = QwenImagePipeline(
         scheduler=scheduler,
         vae=vae,

@@ -69,7 +69,9 @@ def _processor():
 
 def _build(path: Path, pipeline_class: str) -> None:
     import diffusers
-    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
+    from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
+
+    from omnistage.families.diffusers.tiny import qwen_image_scheduler
 
     torch.manual_seed(7)
     transformer = QwenImageTransformer2DModel(
@@ -92,17 +94,7 @@ def _build(path: Path, pipeline_class: str) -> None:
         latents_mean=LATENTS_MEAN,
         latents_std=LATENTS_STD,
     )
-    scheduler = FlowMatchEulerDiscreteScheduler(
-        base_image_seq_len=256,
-        base_shift=0.5,
-        max_image_seq_len=8192,
-        max_shift=0.9,
-        num_train_timesteps=1000,
-        shift=1.0,
-        shift_terminal=0.02,
-        time_shift_type="exponential",
-        use_dynamic_shifting=True,
-    )
+    scheduler = qwen_image_scheduler()
     processor = _processor()
     pipe = getattr(diffusers, pipeline_class)(
         scheduler=scheduler,
