@@ -148,18 +148,21 @@ def run_plain(pipe: Any, engine: DiffusionEngine, jobs: list[dict]) -> dict[str,
     return results
 
 
-def _request(j: dict, start: float) -> StageRequest:
-    params = DiffusionParams(**j["params"])
+def _request(j: dict, start: float, extra: dict | None = None) -> StageRequest:
+    params = DiffusionParams(**{**j["params"], **(extra or {})})
     return StageRequest(j["id"], prompt=j["prompt"], params=params, arrival_time=start + j["arrival"])
 
 
-def run_engine(engine: DiffusionEngine, jobs: list[dict]) -> dict[str, dict]:
+def run_engine(engine: DiffusionEngine, jobs: list[dict], extra: dict | None = None) -> dict[str, dict]:
+    """The engine driven as the stage worker drives it: each job added once its arrival time has passed
+    (`extra`: fields over every job's), `step()` while there is work. Per job: latency (finish - arrival),
+    finish, output (frames or images), metrics."""
     pending = sorted(jobs, key=lambda j: j["arrival"])
     start, results = time.monotonic(), {}
     while pending or engine.has_work():
         now = time.monotonic() - start
         while pending and pending[0]["arrival"] <= now:
-            engine.add_request(_request(pending.pop(0), start))
+            engine.add_request(_request(pending.pop(0), start, extra))
         if not engine.has_work():
             time.sleep(max(0.0, pending[0]["arrival"] - now))
             continue
@@ -169,7 +172,13 @@ def run_engine(engine: DiffusionEngine, jobs: list[dict]) -> dict[str, dict]:
                     raise RuntimeError(f"{out.request_id}: {out.error}")
                 finish = time.monotonic() - start
                 arrival = next(j["arrival"] for j in jobs if j["id"] == out.request_id)
-                results[out.request_id] = {"latency": finish - arrival, "finish": finish}
+                media = out.video if out.video is not None else out.images
+                results[out.request_id] = {
+                    "latency": finish - arrival,
+                    "finish": finish,
+                    "output": None if media is None else media.numpy(),
+                    "metrics": out.metrics,
+                }
     return results
 
 

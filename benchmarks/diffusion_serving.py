@@ -51,8 +51,6 @@ from omnistage import media  # noqa: E402
 from omnistage.config.deploy import StageDeploy  # noqa: E402
 from omnistage.families import registry  # noqa: E402
 from omnistage.families.diffusers.tiny import wan_bench_dir  # noqa: E402
-from omnistage.params import DiffusionParams  # noqa: E402
-from omnistage.stages.base import StageRequest  # noqa: E402
 from omnistage.stages.diffusion.engine import DiffusionEngine  # noqa: E402
 
 PROMPTS = diffusion_families.PROMPTS  # one list: --demo-captions replaces its items
@@ -116,33 +114,7 @@ def run_plain(pipe, jobs: list[dict]) -> dict[str, dict]:
     return results
 
 
-def run_engine(engine: DiffusionEngine, jobs: list[dict], extra: dict | None = None) -> dict[str, dict]:
-    pending = sorted(jobs, key=lambda j: j["arrival"])
-    start, results = time.monotonic(), {}
-    while pending or engine.has_work():
-        now = time.monotonic() - start
-        while pending and pending[0]["arrival"] <= now:
-            j = pending.pop(0)
-            params = DiffusionParams(**{**j["params"], **(extra or {})})
-            arrival = start + j["arrival"]
-            engine.add_request(StageRequest(j["id"], prompt=j["prompt"], params=params, arrival_time=arrival))
-        if not engine.has_work():
-            time.sleep(max(0.0, pending[0]["arrival"] - now))
-            continue
-        for out in engine.step():
-            if out.finished:
-                if out.error:
-                    raise RuntimeError(f"{out.request_id}: {out.error}")
-                finish = time.monotonic() - start
-                arrival = next(j["arrival"] for j in jobs if j["id"] == out.request_id)
-                video = out.video if out.video is not None else out.images
-                results[out.request_id] = {
-                    "latency": finish - arrival,
-                    "finish": finish,
-                    "output": video.numpy(),
-                    "metrics": out.metrics,
-                }
-    return results
+run_engine = diffusion_families.run_engine
 
 
 def warm(runner, jobs: list[dict]) -> None:

@@ -23,16 +23,21 @@ def start_server(
     models = [model] if isinstance(model, str) else list(model)
     command = [sys.executable, "-m", "omnistage", "serve", *models, "--port", str(port), *extra]
     proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    return wait_ready(proc, f"http://127.0.0.1:{port}/health", timeout_s)
+
+
+def wait_ready(proc: subprocess.Popen, url: str, timeout_s: float) -> subprocess.Popen:
+    """`proc` once `url` answers 200; SystemExit if it exits first or `timeout_s` passes."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}")
+            raise SystemExit(f"{proc.args[:4]} exited with {proc.returncode}")
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+            if httpx.get(url, timeout=2).status_code == 200:
                 return proc
         except httpx.HTTPError:
             time.sleep(0.5)
-    raise SystemExit("server did not become healthy")
+    raise SystemExit(f"{proc.args[:4]} did not answer {url}")
 
 
 def stop(proc: subprocess.Popen) -> None:

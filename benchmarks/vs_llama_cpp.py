@@ -28,14 +28,11 @@ import shlex
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-
-import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from local_server import start_server, stop  # noqa: E402
+from local_server import start_server, stop, wait_ready  # noqa: E402
 
 from omnistage.demo.smollm import smollm2_gguf  # noqa: E402
 
@@ -49,16 +46,7 @@ def start_llama_cpp(python: str, gguf: Path, port: int, threads: int, name: str)
         "--interrupt_requests", "False",  # its default: a new request cuts the one in flight short
     ]  # fmt: skip
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"llama.cpp server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    raise SystemExit("llama.cpp server did not start")
+    return wait_ready(proc, f"http://127.0.0.1:{port}/v1/models", 300)
 
 
 def bench(port: int, name: str, concurrency: int, output_len: int, extra: dict | None) -> dict:

@@ -20,12 +20,14 @@ import numpy as np
 import torch
 
 from omnistage.errors import InvalidRequestError
+from omnistage.families.shared.flow_match import shifted_timesteps
 from omnistage.params import DiffusionParams
 from omnistage.stages.diffusion.adapters import StepAdapter
 from omnistage.stages.diffusion.request import DiffusionRequest, StepState, VideoWithAudio
 
 TEXT, PERTURBED, ISOLATED = 0, 1, 2  # the forward passes: plain, STG-perturbed, modalities isolated
 PASS_OF = {"cfg": TEXT, "stg": PERTURBED, "modality": ISOLATED}
+LTX2_SHIFT = (1024, 4096, 0.95, 2.05)  # the pipeline's defaults for a scheduler config without them
 # The call arguments a step-by-step request may set (`DiffusionParams.extra`); the others (precomputed
 # latents or embeddings, prompt enhancement, a predicted duration) are served by whole calls only, and the
 # clip's `frame_rate` is the request's `fps`.
@@ -264,24 +266,13 @@ class LTX2Adapter(StepAdapter):
         return self.pipe.prepare_latents(p.num_outputs, channels, *args), None
 
     def _schedulers(self, p: DiffusionParams, video_tokens: int) -> tuple[torch.Tensor, Any, Any]:
-        """(timesteps, the video's scheduler, the audio's): private copies, at the pipeline's sigmas."""
-        from diffusers.pipelines.ltx2.pipeline_ltx2 import calculate_shift, retrieve_timesteps
-
-        steps, config = p.num_inference_steps, self.pipe.scheduler.config
+        """(timesteps, the video's scheduler, the audio's): private copies, at the pipeline's sigmas, both
+        shifted by the video's length."""
+        steps = p.num_inference_steps
         sigmas = self._arg(p, "sigmas")
         sigmas = np.linspace(1.0, 1 / steps, steps) if sigmas is None else sigmas
-        mu = calculate_shift(
-            video_tokens,
-            config.get("base_image_seq_len", 1024),
-            config.get("max_image_seq_len", 4096),
-            config.get("base_shift", 0.95),
-            config.get("max_shift", 2.05),
-        )
-        video, audio = self.private_scheduler(), self.private_scheduler()
-        retrieve_timesteps(audio, steps, self.device, sigmas=sigmas, mu=mu)
-        timesteps, _ = retrieve_timesteps(video, steps, self.device, sigmas=sigmas, mu=mu)
-        video.set_begin_index(0)
-        audio.set_begin_index(0)
+        video, timesteps = shifted_timesteps(self, video_tokens, steps, sigmas, LTX2_SHIFT)
+        audio, _ = shifted_timesteps(self, video_tokens, steps, sigmas, LTX2_SHIFT)
         return timesteps, video, audio
 
     # ---- one step
