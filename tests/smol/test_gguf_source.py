@@ -136,6 +136,24 @@ def test_converted_weights_are_the_files_dequantized_tensors(tiny_gguf: Path, co
 
 
 @pytest.mark.engine
+def test_the_files_blocks_are_kept_beside_the_float_weights(tiny_gguf: Path, converted_cache: Path) -> None:
+    """Every linear's Q4_1 blocks (the Q/K rows in transformers' order, found by matching, and the tied
+    head's, the embedding table's blocks) stand for exactly the converted float weight."""
+    from omnistage.stages.ar.cpu.quantized_linear import BLOCKS_FILE, WeightOnly
+
+    _, info = resolve_pipeline(tiny_gguf)
+    converted = load_file(str(info.path / "model.safetensors"))
+    blocks = load_file(str(info.path / BLOCKS_FILE))
+    names = sorted({key.rsplit(".", 1)[0] for key in blocks})
+    layers = info.config["num_hidden_layers"]
+    assert len(names) == 7 * layers + 1 and "lm_head.weight" in names
+    for name in names:
+        held = WeightOnly("int4", blocks[f"{name}.q"], blocks[f"{name}.scale"], blocks[f"{name}.offset"])
+        floats = converted["model.embed_tokens.weight" if name == "lm_head.weight" else name]
+        assert torch.equal(held.dequantized(), floats), name
+
+
+@pytest.mark.engine
 def test_converted_tokenizer_is_the_files_tokenizer(
     tiny_gguf: Path, converted_cache: Path, tmp_path: Path
 ) -> None:

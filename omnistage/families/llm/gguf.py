@@ -4,7 +4,8 @@ transformers reads a GGUF file and dequantizes it into its own model class, but 
 on a small CPU, and every stage process would pay it again. So the first load converts the file once into a
 safetensors + tokenizer directory in the omnistage cache, keyed by the file's content hash, and every later
 load (each stage process, each server start) reads that directory like any other checkpoint. The weights
-are saved in float32, which holds dequantized values exactly.
+are saved in float32, which holds dequantized values exactly, and the file's quantized blocks beside them
+(gguf_blocks.py), which the AR engine computes with on a CPU.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from pathlib import Path
 
 from omnistage.cache import cached_dir
 from omnistage.errors import ConfigError
+from omnistage.families.llm.gguf_blocks import write_blocks
 
 logger = logging.getLogger(__name__)
 
-CONVERSION_VERSION = "v1"  # bump when the converted layout changes, so old cache entries are not reused
+# bump when the converted layout changes, so old cache entries are not reused (v2: the blocks file)
+CONVERSION_VERSION = "v2"
 QUANT_TAG = re.compile(r"[.-](i?q\d\w*|f16|f32|bf16)$", re.IGNORECASE)
 STANDARD_FILES = ("config.json", "model_index.json")
 
@@ -63,7 +66,8 @@ def converted_dir(gguf: Path) -> Path:
 
 
 def convert(gguf: Path, out: Path) -> None:
-    """Dequantize `gguf` with transformers and save the model (float32) and its tokenizer into `out`."""
+    """Dequantize `gguf` with transformers and save the model (float32), its tokenizer and the file's
+    quantized blocks into `out`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -83,3 +87,4 @@ def convert(gguf: Path, out: Path) -> None:
     tokenizer.model_max_length = model.config.max_position_embeddings
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
+    write_blocks(gguf, model, out)

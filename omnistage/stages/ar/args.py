@@ -18,10 +18,11 @@ class ARArgs(EngineArgs):
     # The CPU fast path (stages/ar/cpu/): prepacked oneDNN linears, the lean decoder and the native
     # kernels where they are built. False: the model's own forward on plain torch ops.
     cpu_fast_path: bool = True
-    # Weight-only quantized decoder linears on the CPU (stages/ar/cpu/quantized_linear.py): int8 (a scale per
-    # output row) or int4 (groups of 32: a scale and a zero point each); the output head and the embeddings
-    # keep their dtype. Activations stay in the deployment's dtype (bfloat16 is where the kernels are fast).
-    quantization: Literal["none", "int8", "int4"] = "none"
+    # Weight-only quantized linears on the CPU (stages/ar/cpu/quantized_linear.py), in llama.cpp's block
+    # forms (groups of 32): "auto" keeps the blocks a checkpoint holds (a GGUF's Q4_1 / Q4_0 / Q8_0, head
+    # included) and leaves float weights as they are; "int8" / "int4" also quantize the decoder's float
+    # linears (the head and the embeddings keep their dtype); "none" computes with float weights only.
+    quantization: Literal["auto", "none", "int8", "int4"] = "auto"
     # Functions, "module:function" (or the callable itself from Python):
     model_loader: Any = None  # (model_dir, dtype, device) -> LoadedModel (loader.py)
     step_embed_hook: Any = None  # (request ARInputs, step, embedding) -> the step's input embedding

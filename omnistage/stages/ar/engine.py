@@ -34,7 +34,7 @@ from omnistage.stages.ar.ar_inputs import ARInputs
 from omnistage.stages.ar.args import ARArgs
 from omnistage.stages.ar.cpu import native
 from omnistage.stages.ar.cpu.packed_linear import pack_linears, packing_available
-from omnistage.stages.ar.cpu.quantized_linear import quantize_linears
+from omnistage.stages.ar.cpu.quantized_linear import attach_blocks, quantize_linears, weight_only_summary
 from omnistage.stages.ar.cross_attention import encoder_states, project
 from omnistage.stages.ar.detokenizer import IncrementalDetokenizer, decoder_for
 from omnistage.stages.ar.guidance import guided_logits, twin_request
@@ -132,17 +132,21 @@ class AREngine:
         if model_dir and ctx.stage.model_subfolder:
             model_dir = os.path.join(model_dir, ctx.stage.model_subfolder)
         self.dtype = resolve_dtype(ctx.deploy.dtype, model_dir, ctx.device)
+        self.weight_only: dict[str, int] = {}
         ref = args.model_loader
         loader = load_ref(ref) if ref else load_causal_lm
         model = check_loaded(loader(model_dir, self.dtype, str(self.device)), str(ref or "default"))
-        if args.quantization != "none":
-            if self.device.type != "cpu":
-                raise ConfigError(
-                    "engine_args.quantization runs on the CPU only (torch's weight-only CPU kernels)"
-                )
-            quantize_linears(
-                model.decoder, args.quantization, self.dtype, skip=(model.head, *model.heads.values())
+        if args.quantization in ("int8", "int4") and self.device.type != "cpu":
+            raise ConfigError(
+                "engine_args.quantization int8/int4 runs on the CPU only (its kernels are CPU ones)"
             )
+        if args.quantization != "none" and self.device.type == "cpu":
+            root, heads = model.root or model.decoder, (model.head, *model.heads.values())
+            attach_blocks(root, model_dir, args.quantization)
+            quantize_linears(model.decoder, args.quantization, self.dtype, skip=heads, root=root)
+            for head in heads:  # the heads' own blocks only (a GGUF's tied embeddings)
+                quantize_linears(head, "auto", self.dtype, root=root)
+            self.weight_only = weight_only_summary(root)
         if self.fast_path and packing_available():
             for module in (model.decoder, model.head, *model.heads.values(), *model.step_modules):
                 pack_linears(module)
@@ -545,6 +549,7 @@ class AREngine:
             "max_model_len": self.max_model_len,
             "native_kernels": self.fast_path and native.kernels() is not None,
             "decoder_path": self.runner.path,
+            "weight_only_linears": self.weight_only,
             **self.blocks.stats(),
         }
 

@@ -96,7 +96,7 @@ def fuse_packed(*linears: nn.Module) -> JointLinear | QuantizedJoint | None:
     biases = [m.bias for m in linears]
     if len({b is None for b in biases}) > 1:
         return None
-    if all(is_quantized(m) for m in linears):
+    if all(is_quantized(m) for m in linears) and len({m.weight_only.kind for m in linears}) == 1:
         joint: Joint = QuantizedJoint(linears)
     elif all(_is_packed(m) for m in linears):
         joint = JointLinear(linears)

@@ -1,62 +1,64 @@
-"""Weight-only quantized linears for the AR engine's decoder (engine argument `quantization`).
+"""Weight-only quantized linears for the AR engine (engine argument `quantization`).
 
 A lone sequence's decode step reads every weight once and does little arithmetic with each: its time is
-the bytes it reads. Int8 weights (one float scale per output row) read a quarter of float32's bytes, int4
-(groups of `GROUP` input columns, a scale and a zero point each) an eighth. Activations stay float (bf16 or
-float32) and the weights are widened inside torch's own CPU kernels (`aten._weight_int8pack_mm`,
-`aten._weight_int4pack_mm_for_cpu`), so nothing but the weight changes: the rest of the step is as before.
-
-A row of int4 weights is `w = (q - 8) * scale + zero` for q in 0..15, per group: the layout of GGUF's
-Q4_0 (zero 0) and Q4_1 (`q * d + m`: zero = m + 8d), so those files' blocks load as they are
-(`WeightOnly.int4`) instead of through float weights.
+the bytes it reads. The weights are kept in llama.cpp's block forms, groups of `GROUP` input columns each
+with its own scale: int8 `w = q * scale` (GGUF's Q8_0, a quarter of float32's bytes) and int4
+`w = q * scale + offset`, q in 0..15 (Q4_1, and Q4_0 with offset -8 * scale: an eighth). So a GGUF file's
+blocks load as they are (`WeightOnly.from_gguf`, `attach_blocks`), and a float checkpoint quantizes into the
+same forms. Activations stay float: the native kernels (native.py's `WEIGHT_ONLY`, AVX2) widen each group to
+float32 and multiply it into every row of the batch; with bf16/fp16 activations int4 runs in torch's own
+kernel (`aten._weight_int4pack_mm_for_cpu`, fast where the CPU computes bf16 natively). Where neither
+applies the linear computes with its dequantized weight (correct, not faster), and says so once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
+from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from omnistage.stages.ar.cpu import native
 
 logger = logging.getLogger(__name__)
 
-QUANTIZATIONS = ("none", "int8", "int4")
-GROUP = 32  # int4 input columns sharing a scale and a zero point (GGUF's block)
+QUANTIZATIONS = ("auto", "none", "int8", "int4")
+GROUP = 32  # input columns sharing a scale (GGUF's block)
+BLOCKS_FILE = "weight_only.safetensors"  # a checkpoint's quantized blocks (a GGUF's, written at conversion)
 
 
 @dataclasses.dataclass
 class WeightOnly:
     """A linear's quantized weight `[N, K]`, kernel-independent (so several can be joined along N first).
-    int8: `q` int8, `scale` [N]. int4: `q` uint8 in 0..15, `scale` and `zero` [N, K / group]."""
+    int8: `q` int8 [N, K], `scale` [N, K / GROUP]. int4: `q` uint8 in 0..15 [N, K], `scale` and `offset`
+    [N, K / GROUP]. Scales in float32."""
 
     kind: str
     q: torch.Tensor
     scale: torch.Tensor
-    zero: torch.Tensor | None = None
-    group: int = GROUP
+    offset: torch.Tensor | None = None
 
     @staticmethod
     def int8(weight: torch.Tensor) -> WeightOnly:
-        """Symmetric, one scale per output row (its largest magnitude maps to 127)."""
-        w = weight.detach().float()
-        scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
-        q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
-        return WeightOnly("int8", q, scale)
+        """Symmetric per group: each group's largest magnitude maps to 127 (how llama.cpp makes Q8_0, so a
+        Q8_0 weight's float values quantize back to its own blocks)."""
+        g = _groups(weight)
+        scale = g.abs().amax(dim=2) / 127.0
+        q = torch.round(g / torch.where(scale == 0, 1.0, scale)[..., None]).clamp(-127, 127)
+        return WeightOnly("int8", q.view(weight.shape).to(torch.int8), scale)
 
     @staticmethod
-    def int4(weight: torch.Tensor, group: int = GROUP) -> WeightOnly:
-        """Asymmetric per group: each group's min and max map onto 0 and 15."""
-        w = weight.detach().float()
-        n, k = w.shape
-        if k % group:
-            raise ValueError(f"int4 needs input width divisible by {group}; got {k}")
-        g = w.view(n, k // group, group)
+    def int4(weight: torch.Tensor) -> WeightOnly:
+        """Asymmetric per group: each group's min and max map onto 0 and 15 (llama.cpp's Q4_1)."""
+        g = _groups(weight)
         low, high = g.amin(dim=2), g.amax(dim=2)
-        scale = ((high - low) / 15.0).clamp(min=1e-12)
-        q = torch.round((g - low[..., None]) / scale[..., None]).clamp(0, 15)
-        zero = low + 8.0 * scale  # w = (q - 8) * scale + zero
-        return WeightOnly("int4", q.view(n, k).to(torch.uint8), scale, zero, group)
+        scale = (high - low) / 15.0
+        q = torch.round((g - low[..., None]) / torch.where(scale == 0, 1.0, scale)[..., None]).clamp(0, 15)
+        return WeightOnly("int4", q.view(weight.shape).to(torch.uint8), scale, low)
 
     @staticmethod
     def of(weight: torch.Tensor, kind: str) -> WeightOnly:
@@ -64,92 +66,192 @@ class WeightOnly:
             return WeightOnly.int8(weight)
         if kind == "int4":
             return WeightOnly.int4(weight)
-        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; got {kind!r}")
+        raise ValueError(f"quantization must be int8 or int4 to quantize a weight; got {kind!r}")
 
     @staticmethod
     def cat(parts: list[WeightOnly]) -> WeightOnly:
         """Several weights reading the same input as one (rows one after another)."""
         first = parts[0]
-        if any(p.kind != first.kind or p.group != first.group for p in parts):
+        if any(p.kind != first.kind for p in parts):
             raise ValueError("only weights quantized the same way can be joined")
-        zero = None if first.zero is None else torch.cat([p.zero for p in parts])
+        offset = None if first.offset is None else torch.cat([p.offset for p in parts])
         return WeightOnly(
-            first.kind,
-            torch.cat([p.q for p in parts]),
-            torch.cat([p.scale for p in parts]),
-            zero,
-            first.group,
+            first.kind, torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]), offset
         )
 
     def dequantized(self) -> torch.Tensor:
-        """The float32 weight this stands for (what the kernels compute with, before activation rounding)."""
-        if self.kind == "int8":
-            return self.q.float() * self.scale.float()[:, None]
-        expand = lambda t: t.float().repeat_interleave(self.group, dim=1)  # noqa: E731
-        return (self.q.float() - 8.0) * expand(self.scale) + expand(self.zero)
+        """The float32 weight this stands for (what the kernels compute with)."""
+        n, k = self.q.shape
+        w = self.q.float().view(n, k // GROUP, GROUP) * self.scale[..., None]
+        if self.offset is not None:
+            w = w + self.offset[..., None]
+        return w.view(n, k)
 
     @property
     def nbytes(self) -> int:
         bits = 8 if self.kind == "int8" else 4
-        return self.q.numel() * bits // 8
+        scales = 2 if self.offset is not None else 1
+        return self.q.numel() * bits // 8 + scales * self.scale.numel() * 4
+
+
+def _groups(weight: torch.Tensor) -> torch.Tensor:
+    w = weight.detach().float()
+    n, k = w.shape
+    if k % GROUP:
+        raise ValueError(f"weight-only quantization needs an input width divisible by {GROUP}; got {k}")
+    return w.view(n, k // GROUP, GROUP)
+
+
+def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """uint8 0..15 [N, K] → [N, K / 2] in GGUF's order: byte j of a group holds q[j] (low) and q[j + 16]."""
+    n, k = q.shape
+    halves = q.view(n, k // GROUP, 2, GROUP // 2)
+    return (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
 
 
 class QuantizedLinear:
-    """`x [..., K]` → `x @ W.T + b` through torch's weight-only CPU kernel, with the scales in `dtype` (the
-    activations' dtype, which the kernels require to match)."""
+    """`x [..., K]` → `x @ W.T + b` through a weight-only kernel (the module docstring says which)."""
 
     def __init__(self, weight: WeightOnly, bias: torch.Tensor | None, dtype: torch.dtype):
         self.kind, self.dtype, self.bias = weight.kind, dtype, bias
         self.out_features = int(weight.q.shape[0])
-        if weight.kind == "int8":
-            self.q, self.scale = weight.q.contiguous(), weight.scale.to(dtype).contiguous()
-        else:
-            self.group = weight.group
+        self.path = kernel_path(weight.kind, dtype)
+        if self.path == "native":
+            self.q = pack_nibbles(weight.q) if weight.kind == "int4" else weight.q.contiguous()
+            self.scale = weight.scale.float().contiguous()
+            self.offset = None if weight.offset is None else weight.offset.float().contiguous()
+        elif self.path == "torch-int4":
             self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight.q.to(torch.int32), 1)
-            self.scales_and_zeros = torch.stack([weight.scale.t(), weight.zero.t()], dim=-1).to(dtype)
-            self.scales_and_zeros = self.scales_and_zeros.contiguous()
+            zero = weight.offset + 8.0 * weight.scale  # torch's form: (q - 8) * scale + zero
+            self.scales_and_zeros = torch.stack([weight.scale.t(), zero.t()], dim=-1).to(dtype).contiguous()
+        else:
+            self.weight = weight.dequantized().to(dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        if flat.dtype != self.dtype:
-            flat = flat.to(self.dtype)
-        if self.kind == "int8":
-            out = torch.ops.aten._weight_int8pack_mm(flat, self.q, self.scale)
-        else:
+        if self.path == "native":
+            flat = flat.float().contiguous()
+            if self.kind == "int4":
+                out = native.weight_only_kernels().int4_linear(flat, self.q, self.scale, self.offset)
+            else:
+                out = native.weight_only_kernels().int8_linear(flat, self.q, self.scale)
+        elif self.path == "torch-int4":
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(
-                flat, self.packed, self.group, self.scales_and_zeros
+                flat.to(self.dtype), self.packed, GROUP, self.scales_and_zeros
             )
+        else:
+            out = F.linear(flat.to(self.dtype), self.weight)
         if self.bias is not None:
             out = out + self.bias
         return out.view(*shape[:-1], self.out_features).to(x.dtype)
 
 
+def kernel_path(kind: str, dtype: torch.dtype) -> str:
+    """ "native" (float32 activations, or int8 in any dtype, where the native kernels are built), "torch-int4"
+    (int4 with bf16/fp16 activations), else "dequantized"."""
+    kernels = native.weight_only_kernels() is not None
+    if kind == "int4" and dtype in (torch.bfloat16, torch.float16):
+        return "torch-int4"
+    if kernels:
+        return "native"
+    _warn_dequantized(kind)
+    return "dequantized"
+
+
+@functools.cache
+def _warn_dequantized(kind: str) -> None:
+    logger.warning(
+        "%s weights compute with dequantized float weights here (no native weight-only kernels: they need "
+        "an AVX2 CPU and `make setup`); answers are the same, not faster",
+        kind,
+    )
+
+
 def quantize_linears(
-    model: nn.Module, kind: str, dtype: torch.dtype, skip: tuple[nn.Module, ...] = ()
+    model: nn.Module,
+    kind: str,
+    dtype: torch.dtype,
+    skip: tuple[nn.Module, ...] = (),
+    root: nn.Module | None = None,
 ) -> int:
-    """Route every `nn.Linear` under `model` (but those in `skip`, e.g. a tied output head) through a
-    weight-only quantized copy of its weight, and free the float weight; returns how many. A linear that
-    carries `weight_only` (set by a loader that read quantized blocks from its file) keeps those."""
+    """Route every `nn.Linear` under `model` (but those in `skip`) through a weight-only quantized copy of
+    its weight; returns how many. A linear that carries `weight_only` (`attach_blocks`: its file's own
+    blocks) keeps those; any other is quantized to `kind` ("auto": only those with blocks). The float
+    weight is freed unless another module under `root` (default: `model`) shares it (a head tied to the
+    embeddings)."""
     if kind not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; got {kind!r}")
     if kind == "none":
         return 0
     skipped = {id(m) for m in skip}
+    shared = _shared_weights(root or model)
     count = 0
     for module in model.modules():
         if type(module) is not nn.Linear or id(module) in skipped or module.weight.device.type != "cpu":
             continue
-        if module.in_features % GROUP and kind == "int4":
-            continue  # the kernel's groups must tile the input
-        weight = getattr(module, "weight_only", None) or WeightOnly.of(module.weight, kind)
+        weight = getattr(module, "weight_only", None)
+        if weight is None:
+            if kind == "auto" or module.in_features % GROUP:
+                continue  # the groups must tile the input
+            weight = WeightOnly.of(module.weight, kind)
         bias = None if module.bias is None else module.bias.detach().to(dtype)
         module.weight_only = weight
         module.forward = QuantizedLinear(weight, bias, dtype)
-        module.weight = nn.Parameter(torch.empty(0, dtype=module.weight.dtype), requires_grad=False)
+        if id(module.weight) not in shared:
+            module.weight = nn.Parameter(torch.empty(0, dtype=module.weight.dtype), requires_grad=False)
         count += 1
-    logger.info("quantized %d linear layers to %s weights", count, kind)
+    if count:
+        logger.info("%d linear layers on weight-only weights (%s)", count, kind)
     return count
+
+
+def _shared_weights(model: nn.Module) -> set[int]:
+    """Parameters more than one module holds (a tied head's weight is the embedding table)."""
+    seen: dict[int, int] = {}
+    for module in model.modules():
+        for param in module.parameters(recurse=False):
+            seen[id(param)] = seen.get(id(param), 0) + 1
+    return {key for key, count in seen.items() if count > 1}
+
+
+def attach_blocks(model: nn.Module, model_dir: str | None, kind: str = "auto") -> int:
+    """Give each linear whose weight `BLOCKS_FILE` in `model_dir` holds (by parameter name: `NAME.q`,
+    `NAME.scale`, `NAME.offset`) those blocks as its `weight_only` (of `kind` only, unless "auto"); returns
+    how many."""
+    path = Path(model_dir or "") / BLOCKS_FILE
+    if not model_dir or not path.is_file():
+        return 0
+    from safetensors.torch import load_file
+
+    blocks = load_file(str(path))
+    count = 0
+    for name, module in model.named_modules():
+        key = f"{name}.weight"
+        if type(module) is not nn.Linear or f"{key}.q" not in blocks:
+            continue
+        q, offset = blocks[f"{key}.q"], blocks.get(f"{key}.offset")
+        held = "int8" if q.dtype == torch.int8 else "int4"
+        if kind not in ("auto", held):
+            continue
+        if tuple(q.shape) != tuple(module.weight.shape):
+            raise ValueError(
+                f"{path}: {key} blocks are {tuple(q.shape)}, the weight {tuple(module.weight.shape)}"
+            )
+        module.weight_only = WeightOnly(held, q, blocks[f"{key}.scale"], offset)
+        count += 1
+    return count
+
+
+def weight_only_summary(model: nn.Module) -> dict[str, int]:
+    """How many linears under `model` compute on weight-only weights, by kind and kernel path."""
+    counts: dict[str, int] = {}
+    for module in model.modules():
+        if is_quantized(module):
+            linear = module.forward
+            key = f"{linear.kind} ({linear.path})"
+            counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 def is_quantized(module: nn.Module) -> bool:
