@@ -58,7 +58,7 @@ def test_greedy_matches_transformers(arch: str, mode: str, kernels: str, monkeyp
     if kernels == "torch":
         monkeypatch.setattr(native, "kernels", lambda: None)
     elif native.kernels() is None:
-        pytest.skip("the native kernels are not built on this CPU (no AVX-512 or no compiler)")
+        pytest.skip("the native kernels are not built on this CPU (neither AVX-512 nor AVX2, or no compiler)")
     else:
         counting = CountingKernels(native.kernels())
         monkeypatch.setattr(native, "kernels", lambda: counting)

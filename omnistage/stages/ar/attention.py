@@ -14,7 +14,7 @@ metadata instead.
 Sequences are attended in at most two batched calls per layer: all single-token (decode) queries
 together, and all multi-token (prefill chunk) queries together, each padded to its group's longest
 length. Torch SDPA does the math, so the same code runs on CPU and on any device SDPA supports; on CPUs
-with AVX-512 the decode group instead goes to a native kernel that reads the paged cache in place
+with AVX-512 or AVX2 the decode group instead goes to a native kernel that reads the paged cache in place
 (native.py).
 """
 

@@ -14,9 +14,9 @@ layer_forms.py); anything else keeps the model's own forward (the engine logs wh
 `describe`). Per-head q/k norms run as the model's own norm modules, and a mixture-of-experts block is called
 as the model calls it: the lean stack saves the Python around it, not the experts' own dispatch.
 
-Where the native kernels are built (native.py: AVX-512 CPUs) and every joint GEMM is packed, each layer's
-pointwise work runs as four native calls instead of some thirty torch ops: RMS norm fused with the residual
-add before it, rotary embedding in place on the q/k/v GEMM's output, and SiLU-times-up. Rotary is
+Where the native kernels are built (native.py: AVX-512 or AVX2 CPUs) and every joint GEMM is packed or
+weight-only quantized, each layer's pointwise work runs as four native calls instead of some thirty torch
+ops: RMS norm fused with the residual add before it, rotary embedding in place on the q/k/v GEMM's output, and SiLU-times-up. Rotary is
 bit-identical there; the norms sum their squares in another order, and float32 SiLU uses another e^x, so
 hidden states differ from the model's forward by float rounding (bf16 ones almost never), and greedy tokens
 equal transformers' (tested). `native_ops = None` keeps the torch ops.

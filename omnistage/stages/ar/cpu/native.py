@@ -6,8 +6,8 @@ decode kernel (paged_decode.cpp) reads the cache rows in place and does all of a
 task (the engine's decode steps were 8-13% faster with it, benchmarks/RESULTS.md). The pointwise kernels
 (decoder_pointwise.cpp: RMS norm with its residual add, rotary embedding, SiLU-times-up) replace some thirty
 tiny torch ops per layer with four calls, and `write_cache` puts a step's keys and values into their slots.
-Those need AVX-512 (`DECODER`); the weight-only quantized linears (csrc/weight_only/, `WEIGHT_ONLY`) are a
-library of their own that needs AVX2 only.
+They are built for AVX-512 or AVX2 (`DECODER`: this CPU's); the weight-only quantized linears
+(csrc/weight_only/, `WEIGHT_ONLY`) are a library of their own.
 
 Why a build step of our own rather than `torch.utils.cpp_extension.load`: that JIT-builds into one user-wide
 cache keyed by the sources only, so two installs on one machine rebuilt each other's library inside stage
@@ -83,14 +83,18 @@ class Library:
         return torch.backends.cpu.get_cpu_capability() in self.runs_on
 
 
-# The decoder's attention and pointwise kernels (AVX-512); no FMA contraction: the pointwise kernels round
-# like the torch ops they replace.
-DECODER = Library(
+# The decoder's attention and pointwise kernels, written once over 16 float lanes (csrc/vec16.h) and built
+# for AVX-512 (one register) or AVX2 (two); no FMA contraction: the pointwise kernels round like the torch
+# ops they replace.
+_DECODER_FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off")
+DECODER_AVX512 = Library(
     "omnistage_ar_native",
     CSRC,
-    ("-O3", "-fopenmp", "-ffp-contract=off", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mfma"),
+    (*_DECODER_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mfma"),
     ("AVX512",),
 )
+DECODER_AVX2 = Library("omnistage_ar_native_avx2", CSRC, (*_DECODER_FLAGS, "-mavx2", "-mfma"), ("AVX2",))
+DECODER = DECODER_AVX512 if DECODER_AVX512.runs_here() else DECODER_AVX2  # this CPU's
 # Weight-only quantized linears (quantized_linear.py), AVX2 so that every x86 CPU of the last decade has them.
 WEIGHT_ONLY = Library(
     "omnistage_ar_weight_only",
@@ -98,7 +102,7 @@ WEIGHT_ONLY = Library(
     ("-O3", "-fopenmp", "-mavx2", "-mfma"),
     ("AVX2", "AVX512"),
 )
-LIBRARIES = (DECODER, WEIGHT_ONLY)
+LIBRARIES = (DECODER_AVX512, DECODER_AVX2, WEIGHT_ONLY)
 
 
 def library_dir() -> Path:

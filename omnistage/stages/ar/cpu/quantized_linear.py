@@ -117,34 +117,46 @@ class QuantizedLinear:
         self.out_features = int(weight.q.shape[0])
         self.path = kernel_path(weight.kind, dtype)
         if self.path == "native":
-            self.q = pack_nibbles(weight.q) if weight.kind == "int4" else weight.q.contiguous()
+            kernels = native.weight_only_kernels()
             self.scale = weight.scale.float().contiguous()
-            self.offset = None if weight.offset is None else weight.offset.float().contiguous()
+            if weight.kind == "int4":
+                self.q, self.offset = pack_nibbles(weight.q), weight.offset.float().contiguous()
+                self.run = functools.partial(_int4, kernels.int4_linear, self.q, self.scale, self.offset)
+            else:
+                self.q = weight.q.contiguous()
+                self.run = functools.partial(_int8, kernels.int8_linear, self.q, self.scale)
         elif self.path == "torch-int4":
             self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight.q.to(torch.int32), 1)
             zero = weight.offset + 8.0 * weight.scale  # torch's form: (q - 8) * scale + zero
             self.scales_and_zeros = torch.stack([weight.scale.t(), zero.t()], dim=-1).to(dtype).contiguous()
+            self.run = self._torch_int4
         else:
             self.weight = weight.dequantized().to(dtype)
+            self.run = self._dequantized
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """A lone sequence's step makes some two hundred of these calls: the Python here is kept short."""
         shape = x.shape
-        flat = x.reshape(-1, shape[-1])
-        if self.path == "native":
-            flat = flat.float().contiguous()
-            if self.kind == "int4":
-                out = native.weight_only_kernels().int4_linear(flat, self.q, self.scale, self.offset)
-            else:
-                out = native.weight_only_kernels().int8_linear(flat, self.q, self.scale)
-        elif self.path == "torch-int4":
-            out = torch.ops.aten._weight_int4pack_mm_for_cpu(
-                flat.to(self.dtype), self.packed, GROUP, self.scales_and_zeros
-            )
-        else:
-            out = F.linear(flat.to(self.dtype), self.weight)
+        out = self.run(x.reshape(-1, shape[-1]))
         if self.bias is not None:
             out = out + self.bias
         return out.view(*shape[:-1], self.out_features).to(x.dtype)
+
+    def _torch_int4(self, flat: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(
+            flat.to(self.dtype), self.packed, GROUP, self.scales_and_zeros
+        )
+
+    def _dequantized(self, flat: torch.Tensor) -> torch.Tensor:
+        return F.linear(flat.to(self.dtype), self.weight)
+
+
+def _int4(kernel, q, scale, offset, flat: torch.Tensor) -> torch.Tensor:
+    return kernel(flat.float().contiguous(), q, scale, offset)
+
+
+def _int8(kernel, q, scale, flat: torch.Tensor) -> torch.Tensor:
+    return kernel(flat.float().contiguous(), q, scale)
 
 
 def kernel_path(kind: str, dtype: torch.dtype) -> str:

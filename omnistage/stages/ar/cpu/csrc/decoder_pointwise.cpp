@@ -10,7 +10,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
-#include "vec512.h"
+#include "vec16.h"
 
 #include <cmath>
 #include <tuple>
@@ -28,16 +28,16 @@ int64_t rows_of(const torch::Tensor& t) { return t.numel() / t.size(-1); }
 // out = weight * T(x * rsqrt(mean(x^2) + eps)) for one row of n; x already rounded to T.
 template <typename T>
 void norm_row(const T* x, const T* weight, T* out, int64_t n, float eps) {
-  __m512 squares = _mm512_setzero_ps();
+  V squares = vzero();
   for (int64_t j = 0; j < n; j += kLanes) {
-    const __m512 v = load16(x + j, tail_mask(n - j));
-    squares = _mm512_fmadd_ps(v, v, squares);
+    const V v = load16(x + j, tail_mask(n - j));
+    squares = vfmadd(v, v, squares);
   }
-  const __m512 scale = _mm512_set1_ps(1.f / std::sqrt(_mm512_reduce_add_ps(squares) / n + eps));
+  const V scale = vset1(1.f / std::sqrt(vreduce_add(squares) / n + eps));
   for (int64_t j = 0; j < n; j += kLanes) {
-    const __mmask16 m = tail_mask(n - j);
-    const __m512 normed = round_to(_mm512_mul_ps(load16(x + j, m), scale), x);
-    store16(out + j, _mm512_mul_ps(normed, load16(weight + j, m)), m);
+    const M m = tail_mask(n - j);
+    const V normed = round_to(vmul(load16(x + j, m), scale), x);
+    store16(out + j, vmul(normed, load16(weight + j, m)), m);
   }
 }
 
@@ -54,8 +54,8 @@ void add_rms_norm_impl(const T* h, const T* y, const T* weight, T* sum, T* out, 
   at::parallel_for(0, rows, grain_rows(n), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       for (int64_t j = 0; j < n; j += kLanes) {
-        const __mmask16 m = tail_mask(n - j);
-        store16(sum + r * n + j, _mm512_add_ps(load16(h + r * n + j, m), load16(y + r * n + j, m)), m);
+        const M m = tail_mask(n - j);
+        store16(sum + r * n + j, vadd(load16(h + r * n + j, m), load16(y + r * n + j, m)), m);
       }
       norm_row(sum + r * n, weight, out + r * n, n, eps);
     }
@@ -74,12 +74,11 @@ void rotary_impl(T* x, const T* cos, const T* sin, int64_t rows, int64_t width, 
       for (int64_t h = 0; h < heads; ++h) {
         T* head = x + r * width + h * dim;
         for (int64_t d = 0; d < half; d += kLanes) {
-          const __mmask16 m = tail_mask(half - d);
-          const __m512 x1 = load16(head + d, m), x2 = load16(head + half + d, m);
-          const __m512 first = _mm512_sub_ps(round_to(_mm512_mul_ps(x1, load16(c + d, m)), head),
-                                             round_to(_mm512_mul_ps(x2, load16(s + d, m)), head));
-          const __m512 second = _mm512_add_ps(round_to(_mm512_mul_ps(x2, load16(c + half + d, m)), head),
-                                              round_to(_mm512_mul_ps(x1, load16(s + half + d, m)), head));
+          const M m = tail_mask(half - d);
+          const V x1 = load16(head + d, m), x2 = load16(head + half + d, m);
+          const V first = vsub(round_to(vmul(x1, load16(c + d, m)), head), round_to(vmul(x2, load16(s + d, m)), head));
+          const V second =
+              vadd(round_to(vmul(x2, load16(c + half + d, m)), head), round_to(vmul(x1, load16(s + half + d, m)), head));
           store16(head + d, first, m);
           store16(head + half + d, second, m);
         }
@@ -95,12 +94,10 @@ void silu_mul_impl(const T* gate_up, T* out, int64_t rows, int64_t n) {
     for (int64_t r = begin; r < end; ++r) {
       const T* gate = gate_up + r * 2 * n;
       for (int64_t j = 0; j < n; j += kLanes) {
-        const __mmask16 m = tail_mask(n - j);
-        const __m512 g = load16(gate + j, m);
-        const __m512 act = round_to(
-            _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)))),
-            gate);
-        store16(out + r * n + j, _mm512_mul_ps(act, load16(gate + n + j, m)), m);
+        const M m = tail_mask(n - j);
+        const V g = load16(gate + j, m);
+        const V act = round_to(vdiv(g, vadd(vset1(1.f), exp16(vsub(vzero(), g)))), gate);
+        store16(out + r * n + j, vmul(act, load16(gate + n + j, m)), m);
       }
     }
   });

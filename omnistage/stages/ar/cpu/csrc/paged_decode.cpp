@@ -1,4 +1,4 @@
-// Decode attention straight from the paged KV cache, for CPUs with AVX-512 (built by native.py).
+// Decode attention straight from the paged KV cache (built by native.py for AVX-512 or AVX2 CPUs).
 //
 // torch's path gathers every decoding sequence's keys and values into padded copies, then runs SDPA on
 // many tiny (3 queries x ~100 keys) problems; on a 2-core Xeon that was ~25% of a decode step. Here one
@@ -10,7 +10,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
-#include "vec512.h"
+#include "vec16.h"
 
 #include <cmath>
 #include <cstring>
@@ -24,23 +24,23 @@ constexpr int64_t kMaxHeadDim = 256;
 
 // row[0:len] = softmax(row[0:len]), len >= 1.
 inline void softmax_in_place(float* row, int64_t len) {
-  __m512 mv = _mm512_set1_ps(-INFINITY);
+  V mv = vset1(-INFINITY);
   for (int64_t j = 0; j < len; j += kLanes) {
-    const __mmask16 k = tail_mask(len - j);
-    mv = _mm512_mask_max_ps(mv, k, mv, _mm512_maskz_loadu_ps(k, row + j));
+    const M k = tail_mask(len - j);
+    mv = vmask_max(mv, k, mv, load16(row + j, k));
   }
-  const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
-  __m512 sv = _mm512_setzero_ps();
+  const V m = vset1(vreduce_max(mv));
+  V sv = vzero();
   for (int64_t j = 0; j < len; j += kLanes) {
-    const __mmask16 k = tail_mask(len - j);
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, row + j), m));
-    _mm512_mask_storeu_ps(row + j, k, e);
-    sv = _mm512_mask_add_ps(sv, k, sv, e);
+    const M k = tail_mask(len - j);
+    const V e = exp16(vsub(load16(row + j, k), m));
+    store16(row + j, e, k);
+    sv = vmask_add(sv, k, sv, e);
   }
-  const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(sv));
+  const V inv = vset1(1.f / vreduce_add(sv));
   for (int64_t j = 0; j < len; j += kLanes) {
-    const __mmask16 k = tail_mask(len - j);
-    _mm512_mask_storeu_ps(row + j, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, row + j), inv));
+    const M k = tail_mask(len - j);
+    store16(row + j, vmul(load16(row + j, k), inv), k);
   }
 }
 
@@ -55,23 +55,6 @@ struct Shape {
   float scale;
 };
 
-// Lane i of the result = the sum of v[i]'s 16 lanes: four rounds of pairwise shuffles and adds (45 ops,
-// against some 130 for 16 separate horizontal sums).
-inline __m512 sum16x16(__m512 v[16]) {
-  __m512 pairs[8], quads[4];
-  for (int i = 0; i < 8; ++i)  // per 128-bit chunk: [a0+a2, b0+b2, a1+a3, b1+b3]
-    pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  for (int i = 0; i < 4; ++i)  // per chunk: partial sums of 4 vectors, in order
-    quads[i] = _mm512_add_ps(_mm512_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  const __m512 low = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                   _mm512_shuffle_f32x4(quads[0], quads[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  const __m512 high = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(2, 0, 2, 0)),
-                                    _mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(low, high, _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_f32x4(low, high, _MM_SHUFFLE(3, 1, 3, 1)));
-}
-
 // One sequence's attention, head dim VECS * 16 (a template so that a head's vectors live in registers).
 // For each KV head: scores of each of its query heads against 16 keys at a time, softmax, then the
 // weighted sum of values two keys at a time (two independent accumulator sets).
@@ -82,32 +65,32 @@ void decode_sequence(T* ob, const T* qb, const T* kc, const T* vc, const int64_t
   for (int64_t h = 0; h < s.kv_heads; ++h) {
     for (int64_t g = 0; g < group; ++g) {
       const int64_t hq = h * group + g;
-      __m512 qv[VECS];
+      V qv[VECS];
       for (int v = 0; v < VECS; ++v)
-        qv[v] = _mm512_mul_ps(load16(qb + hq * s.q_head + v * kLanes), _mm512_set1_ps(s.scale));
+        qv[v] = vmul(load16(qb + hq * s.q_head + v * kLanes), vset1(s.scale));
       float* row = scores + hq * s.width;
       for (int64_t j0 = 0; j0 < len; j0 += kLanes) {
         const int64_t n = std::min<int64_t>(kLanes, len - j0);
         if (g == 0)  // the next 16 keys of this head (later query heads find them in cache)
           for (int64_t j = j0 + kLanes; j < std::min(len, j0 + 2 * kLanes); ++j)
             prefetch_row(kc + seq_slots[j] * row_elems + h * s.dim, s.dim * sizeof(T));
-        __m512 dots[kLanes];
+        V dots[kLanes];
 #pragma GCC unroll 16
         for (int jj = 0; jj < kLanes; ++jj) {
           if (jj >= n) {
-            dots[jj] = _mm512_setzero_ps();
+            dots[jj] = vzero();
             continue;
           }
           const T* krow = kc + seq_slots[j0 + jj] * row_elems + h * s.dim;
-          __m512 dot = _mm512_mul_ps(qv[0], load16(krow));
-          for (int v = 1; v < VECS; ++v) dot = _mm512_fmadd_ps(qv[v], load16(krow + v * kLanes), dot);
+          V dot = vmul(qv[0], load16(krow));
+          for (int v = 1; v < VECS; ++v) dot = vfmadd(qv[v], load16(krow + v * kLanes), dot);
           dots[jj] = dot;
         }
-        _mm512_mask_storeu_ps(row + j0, tail_mask(n), sum16x16(dots));
+        store16(row + j0, sum16x16(dots), tail_mask(n));
       }
       softmax_in_place(row, len);
-      __m512 even[VECS], odd[VECS];
-      for (int v = 0; v < VECS; ++v) even[v] = odd[v] = _mm512_setzero_ps();
+      V even[VECS], odd[VECS];
+      for (int v = 0; v < VECS; ++v) even[v] = odd[v] = vzero();
       int64_t j = 0;
       for (; j + 1 < len; j += 2) {
         if (j + 9 < len) {
@@ -116,19 +99,19 @@ void decode_sequence(T* ob, const T* qb, const T* kc, const T* vc, const int64_t
         }
         const T* v0 = vc + seq_slots[j] * row_elems + h * s.dim;
         const T* v1 = vc + seq_slots[j + 1] * row_elems + h * s.dim;
-        const __m512 p0 = _mm512_set1_ps(row[j]), p1 = _mm512_set1_ps(row[j + 1]);
+        const V p0 = vset1(row[j]), p1 = vset1(row[j + 1]);
         for (int v = 0; v < VECS; ++v) {
-          even[v] = _mm512_fmadd_ps(p0, load16(v0 + v * kLanes), even[v]);
-          odd[v] = _mm512_fmadd_ps(p1, load16(v1 + v * kLanes), odd[v]);
+          even[v] = vfmadd(p0, load16(v0 + v * kLanes), even[v]);
+          odd[v] = vfmadd(p1, load16(v1 + v * kLanes), odd[v]);
         }
       }
       if (j < len) {
         const T* v0 = vc + seq_slots[j] * row_elems + h * s.dim;
-        const __m512 p0 = _mm512_set1_ps(row[j]);
-        for (int v = 0; v < VECS; ++v) even[v] = _mm512_fmadd_ps(p0, load16(v0 + v * kLanes), even[v]);
+        const V p0 = vset1(row[j]);
+        for (int v = 0; v < VECS; ++v) even[v] = vfmadd(p0, load16(v0 + v * kLanes), even[v]);
       }
       for (int v = 0; v < VECS; ++v)
-        store16(ob + hq * s.o_head + v * kLanes, _mm512_add_ps(even[v], odd[v]), tail_mask(kLanes));
+        store16(ob + hq * s.o_head + v * kLanes, vadd(even[v], odd[v]), tail_mask(kLanes));
     }
   }
 }
