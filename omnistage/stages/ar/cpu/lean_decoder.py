@@ -18,8 +18,8 @@ Where the native kernels are built (native.py: AVX-512 or AVX2 CPUs) and every j
 weight-only quantized, each layer's pointwise work runs as four native calls instead of some thirty torch
 ops: RMS norm fused with the residual add before it, rotary embedding in place on the q/k/v GEMM's output,
 and SiLU-times-up. Rotary is bit-identical there; the norms sum their squares in another order, and float32
-SiLU uses another e^x, so hidden states differ from the model's forward by float rounding (bf16 ones almost never), and greedy tokens
-equal transformers' (tested). `native_ops = None` keeps the torch ops.
+SiLU uses another e^x, so hidden states differ from the model's forward by float rounding (bf16 ones almost
+never), and greedy tokens equal transformers' (tested). `native_ops = None` keeps the torch ops.
 """
 
 from __future__ import annotations
