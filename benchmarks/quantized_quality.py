@@ -1,10 +1,11 @@
 """How close quantized AR decoding stays to the float model (issue 63): greedy answers to 32 fixed questions.
 
 The demo's chat model (SmolLM2-135M-Instruct, its Q4_1 GGUF dequantized: the real trained weights) answers
-each question greedily, `--max-tokens` tokens, on the AR engine in float32 (the reference), bf16, and with
-int8 / int4 weights; with `--llama-python`, llama.cpp answers the same token ids from the same GGUF. It
-prints, for each contestant, how many whole answers equal the float32 ones and llama.cpp's, and the mean
-length of the prefix shared with float32's.
+each question greedily, `--max-tokens` tokens, on the AR engine in float32 with float weights (the reference,
+`quantization: none`), with the file's own blocks (`auto`, the default: Q4_1 decoder, Q8_0 head), with the
+decoder's weights as int8 / int4 groups, and in bf16; with `--llama-python`, llama.cpp answers the same token
+ids from the same GGUF. It prints, for each contestant, how many whole answers equal the float32 ones and
+llama.cpp's, and the mean length of the prefix shared with float32's.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/quantized_quality.py --llama-python LLAMA_VENV/bin/python
 """
@@ -40,8 +41,8 @@ QUESTIONS = [
     "Who painted the Mona Lisa?", "What are clouds made of?", "Give a synonym for happy.",
     "What is the freezing point of water in Fahrenheit?", "Why do we need sleep?",
 ]  # fmt: skip
-CONTESTANTS = [("float32", "none"), ("bfloat16", "none"), ("bfloat16", "int4"), ("bfloat16", "int8"),
-               ("float32", "int8")]  # fmt: skip
+CONTESTANTS = [("float32", "none"), ("float32", "auto"), ("float32", "int8"), ("float32", "int4"),
+               ("bfloat16", "none"), ("bfloat16", "int4")]  # fmt: skip
 
 LLAMA_CPP = """
 import json, sys

@@ -49,7 +49,7 @@ def test_a_mistyped_engine_argument_names_itself(args: dict, field: str) -> None
 def test_a_function_that_does_not_load_fails_at_start() -> None:
     with pytest.raises(ConfigError, match=r"model_loader = 'nowhere.at_all:load' does not load"):
         check(LLM_PIPELINE, {"model_loader": "nowhere.at_all:load"})
-    not_a_function = "omnistage.stages.ar.cpu.native:FLAGS"
+    not_a_function = "omnistage.stages.ar.cpu.native:SWITCH"
     with pytest.raises(ConfigError, match=rf"post_sample_hook = '{not_a_function}' is not a function"):
         check(LLM_PIPELINE, {"post_sample_hook": not_a_function})
 

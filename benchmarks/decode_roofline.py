@@ -1,0 +1,133 @@
+"""How near the AR engine's decode steps run to this machine's bounds (issue 63): memory and arithmetic.
+
+A decode step reads every linear's weights once (the bytes the quantized blocks or float weights hold) and
+does 2 x weights x sequences flops with them. The benchmark measures, on the spot, the bandwidth of a pure
+read (a sum over 1 GiB) and the float32 GEMM rate (a 2048^3 matmul through oneDNN), then times decode steps
+of the demo's chat model (SmolLM2-135M, its Q4_1 GGUF) at 1, 8 and 32 sequences with the demo's default
+(`auto`: the file's blocks) and with float weights (`none`), and prints each step against both bounds:
+memory fraction = (weight bytes / bandwidth) / step time, compute fraction = (flops / GEMM rate) / step time.
+
+    OMP_NUM_THREADS=2 PYTHONPATH=$PWD .venv/bin/python benchmarks/decode_roofline.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from omnistage.config.deploy import StageDeploy  # noqa: E402
+from omnistage.config.pipeline import StageSpec  # noqa: E402
+from omnistage.demo.smollm import smollm2_dir  # noqa: E402
+from omnistage.families import registry  # noqa: E402
+from omnistage.params import SamplingParams  # noqa: E402
+from omnistage.stages.ar.cpu.quantized_linear import is_quantized  # noqa: E402
+from omnistage.stages.ar.engine import create_engine  # noqa: E402
+from omnistage.stages.base import EngineContext, StageRequest  # noqa: E402
+
+
+def best_of(runs: int, fn) -> float:
+    fn()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def read_bandwidth() -> float:
+    """Bytes per second of a pure read of 1 GiB (torch's sum: one pass, nothing written)."""
+    data = torch.ones(1 << 28)
+    return data.numel() * 4 / best_of(5, lambda: data.sum())
+
+
+def gemm_rate() -> float:
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    return 2 * 2048**3 / best_of(3, lambda: a @ b)
+
+
+def weight_bytes_and_params(root: nn.Module) -> tuple[int, int]:
+    """What a decode step reads of the linears (the blocks and scales, or the float weights) and their
+    weight count (for the flops)."""
+    total = params = 0
+    for module in root.modules():
+        if type(module) is not nn.Linear:
+            continue
+        if is_quantized(module):
+            linear = module.forward
+            total += sum(
+                t.nbytes for t in (linear.q, linear.scale, getattr(linear, "offset", None)) if t is not None
+            )
+            params += module.weight_only.q.numel()
+        else:
+            total += module.weight.nbytes
+            params += module.weight.numel()
+    return total, params
+
+
+def engine(quantization: str):
+    ctx = EngineContext(
+        stage=StageSpec(0, "llm", "ar", final_output=True, output_modality="text"),
+        deploy=StageDeploy(
+            stage_id=0, dtype="float32", max_num_seqs=32, max_num_batched_tokens=2048,
+            engine_args={"quantization": quantization},
+        ),
+        model_dir=str(smollm2_dir()),
+    )  # fmt: skip
+    return create_engine(ctx)
+
+
+def step_time(quantization: str, seqs: int, steps: int) -> tuple[float, int, int]:
+    """The median decode step of `seqs` sequences (after their prefill), and the step's bytes and params."""
+    eng = engine(quantization)
+    for i in range(seqs):
+        params = SamplingParams(max_tokens=4 * steps + 8, temperature=0.0, ignore_eos=True)
+        eng.add_request(StageRequest(f"r{i}", prompt=list(range(100 + i, 160 + i)), params=params))
+    for _ in range(3):  # the prefill and two warm decode steps
+        eng.step()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        eng.step()
+        times.append(time.perf_counter() - start)
+    nbytes, count = weight_bytes_and_params(eng.model.root or eng.model.decoder)
+    eng.shutdown()
+    return sorted(times)[len(times) // 2], nbytes, count
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+    registry.load()
+    print(f"threads {torch.get_num_threads()}; load average {os.getloadavg()}", flush=True)
+    bandwidth, rate = read_bandwidth(), gemm_rate()
+    print(
+        f"measured: read bandwidth {bandwidth / 1e9:.1f} GB/s, float32 GEMM {rate / 1e9:.1f} GFLOP/s",
+        flush=True,
+    )
+    for quantization in ("auto", "none"):
+        for seqs in (1, 8, 32):
+            step, nbytes, params = step_time(quantization, seqs, args.steps)
+            memory = nbytes / bandwidth / step
+            compute = 2 * params * seqs / rate / step
+            print(
+                f"{quantization:<5} {seqs:2d} seqs: step {step * 1e3:6.1f} ms  {seqs / step:6.1f} tok/s  "
+                f"weights {nbytes / 1e6:6.1f} MB  memory bound {nbytes / bandwidth * 1e3:5.1f} ms "
+                f"({memory:5.1%})  compute bound {2 * params * seqs / rate * 1e3:6.1f} ms ({compute:5.1%})  "
+                f"load {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
