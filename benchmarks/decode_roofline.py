@@ -28,7 +28,6 @@ from omnistage.config.pipeline import StageSpec  # noqa: E402
 from omnistage.demo.smollm import smollm2_dir  # noqa: E402
 from omnistage.families import registry  # noqa: E402
 from omnistage.params import SamplingParams  # noqa: E402
-from omnistage.stages.ar.cpu.quantized_linear import is_quantized  # noqa: E402
 from omnistage.stages.ar.engine import create_engine  # noqa: E402
 from omnistage.stages.base import EngineContext, StageRequest  # noqa: E402
 
@@ -61,12 +60,10 @@ def weight_bytes_and_params(root: nn.Module) -> tuple[int, int]:
     for module in root.modules():
         if type(module) is not nn.Linear:
             continue
-        if is_quantized(module):
-            linear = module.forward
-            total += sum(
-                t.nbytes for t in (linear.q, linear.scale, getattr(linear, "offset", None)) if t is not None
-            )
-            params += module.weight_only.q.numel()
+        blocks = getattr(module, "weight_only", None)  # quantized (alone or inside a joint q/k/v, gate/up)
+        if blocks is not None:
+            total += blocks.nbytes
+            params += blocks.q.numel()
         else:
             total += module.weight.nbytes
             params += module.weight.numel()

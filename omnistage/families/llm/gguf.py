@@ -17,7 +17,6 @@ from pathlib import Path
 
 from omnistage.cache import cached_dir
 from omnistage.errors import ConfigError
-from omnistage.families.llm.gguf_blocks import write_blocks
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +69,8 @@ def convert(gguf: Path, out: Path) -> None:
     quantized blocks into `out`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from omnistage.families.llm.gguf_blocks import write_blocks
 
     logger.info("converting %s to a safetensors directory (once per file)", gguf)
     try:
