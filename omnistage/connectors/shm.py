@@ -23,6 +23,7 @@ from omnistage.connectors.base import TensorRef, decode_payload, encode_payload
 
 PREFIX = "omnistage_"
 SHM_DIR = Path("/dev/shm")
+START_MARGIN_S = 1.0  # a segment this much older than its named owner's start is a predecessor's
 
 
 class ShmConnector:
@@ -89,14 +90,38 @@ def live_segments(owner_pid: int | None = None) -> list[str]:
 
 
 def sweep_stale_segments() -> int:
-    """Remove segments whose owner process is gone (left by a killed server)."""
+    """Remove segments whose owner process is gone (left by a killed server), including those named after a
+    pid a newer process has since been given: a segment written before its named owner started is a dead
+    predecessor's (pids wrap at 32768 in many containers, so a server can inherit a killed one's pid)."""
     removed = 0
     for name in live_segments():
         try:
             pid = int(name[len(PREFIX) :].split("_", 1)[0])
         except ValueError:
             continue
-        if not Path(f"/proc/{pid}").exists():
+        started = process_start_time(pid)
+        try:
+            stale = started is None or os.stat(_path(name)).st_mtime < started - START_MARGIN_S
+        except FileNotFoundError:
+            continue  # released meanwhile
+        if stale:
             release(name)
             removed += 1
     return removed
+
+
+def process_start_time(pid: int) -> float | None:
+    """When process `pid` started (seconds since the epoch, to a clock tick), or None if there is none."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    ticks = int(stat[stat.rindex(")") + 2 :].split()[19])  # field 22, starttime, after "pid (comm) "
+    return _boot_time() + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _boot_time() -> float:
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    return 0.0
