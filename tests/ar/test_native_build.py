@@ -119,9 +119,9 @@ def test_a_stage_loads_the_installs_build_and_never_compiles(tmp_path: Path) -> 
 def test_two_installs_keep_separate_builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The library's name is keyed by what changes it, and its folder is the install's own."""
     monkeypatch.setenv(native.DIR_VARIABLE, str(tmp_path / "a"))
-    first = native.library_path()
+    first = native.DECODER.path()
     monkeypatch.setenv(native.DIR_VARIABLE, str(tmp_path / "b"))
-    second = native.library_path()
+    second = native.DECODER.path()
     assert first.parent != second.parent and first.name == second.name
     monkeypatch.delenv(native.DIR_VARIABLE)
     assert native.library_dir() == Path(native.__file__).with_name("build")

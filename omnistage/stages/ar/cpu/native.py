@@ -112,11 +112,6 @@ def library_dir() -> Path:
     return Path(configured) if configured else Path(__file__).with_name("build")
 
 
-def library_path() -> Path:
-    """The decoder kernels' library (`Library.path` for any)."""
-    return DECODER.path()
-
-
 def kernels() -> Any | None:
     """The decoder kernels (attention, pointwise), or None (the reason logged once) where not usable here."""
     return loaded(DECODER)

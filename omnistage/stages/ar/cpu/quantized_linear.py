@@ -160,8 +160,8 @@ def _int8(kernel, q, scale, flat: torch.Tensor) -> torch.Tensor:
 
 
 def kernel_path(kind: str, dtype: torch.dtype) -> str:
-    """ "native" (float32 activations, or int8 in any dtype, where the native kernels are built), "torch-int4"
-    (int4 with bf16/fp16 activations), else "dequantized"."""
+    """Which kernel computes `kind` weights with `dtype` activations: "torch-int4" (int4, bf16/fp16),
+    "native" (the rest, where the native kernels are built), else "dequantized"."""
     kernels = native.weight_only_kernels() is not None
     if kind == "int4" and dtype in (torch.bfloat16, torch.float16):
         return "torch-int4"
