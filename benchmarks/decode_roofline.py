@@ -23,13 +23,11 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from omnistage.config.deploy import StageDeploy  # noqa: E402
-from omnistage.config.pipeline import StageSpec  # noqa: E402
-from omnistage.demo.smollm import smollm2_dir  # noqa: E402
+from quantized_quality import smollm_engine  # noqa: E402
+
 from omnistage.families import registry  # noqa: E402
 from omnistage.params import SamplingParams  # noqa: E402
-from omnistage.stages.ar.engine import create_engine  # noqa: E402
-from omnistage.stages.base import EngineContext, StageRequest  # noqa: E402
+from omnistage.stages.base import StageRequest  # noqa: E402
 
 
 def best_of(runs: int, fn) -> float:
@@ -70,21 +68,9 @@ def weight_bytes_and_params(root: nn.Module) -> tuple[int, int]:
     return total, params
 
 
-def engine(quantization: str):
-    ctx = EngineContext(
-        stage=StageSpec(0, "llm", "ar", final_output=True, output_modality="text"),
-        deploy=StageDeploy(
-            stage_id=0, dtype="float32", max_num_seqs=32, max_num_batched_tokens=2048,
-            engine_args={"quantization": quantization},
-        ),
-        model_dir=str(smollm2_dir()),
-    )  # fmt: skip
-    return create_engine(ctx)
-
-
 def step_time(quantization: str, seqs: int, steps: int) -> tuple[float, int, int]:
     """The median decode step of `seqs` sequences (after their prefill), and the step's bytes and params."""
-    eng = engine(quantization)
+    eng = smollm_engine("float32", quantization)
     for i in range(seqs):
         params = SamplingParams(max_tokens=4 * steps + 8, temperature=0.0, ignore_eos=True)
         eng.add_request(StageRequest(f"r{i}", prompt=list(range(100 + i, 160 + i)), params=params))

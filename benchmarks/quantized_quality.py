@@ -70,7 +70,8 @@ def prompts() -> list[list[int]]:
     return [list(e["input_ids"] if hasattr(e, "keys") else e) for e in encoded]  # transformers 5: a mapping
 
 
-def engine_answers(dtype: str, quantization: str, ids: list[list[int]], max_tokens: int) -> list[list[int]]:
+def smollm_engine(dtype: str, quantization: str):
+    """The demo's SmolLM2 on an AR engine of its own (32 sequences at once)."""
     ctx = EngineContext(
         stage=StageSpec(0, "llm", "ar", final_output=True, output_modality="text"),
         deploy=StageDeploy(
@@ -79,7 +80,11 @@ def engine_answers(dtype: str, quantization: str, ids: list[list[int]], max_toke
         ),
         model_dir=str(smollm2_dir()),
     )  # fmt: skip
-    engine = create_engine(ctx)
+    return create_engine(ctx)
+
+
+def engine_answers(dtype: str, quantization: str, ids: list[list[int]], max_tokens: int) -> list[list[int]]:
+    engine = smollm_engine(dtype, quantization)
     eos = set(engine.model.eos_token_ids)
     for i, p in enumerate(ids):
         engine.add_request(
