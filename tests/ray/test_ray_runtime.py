@@ -19,7 +19,7 @@ from omnistage.serving.app import create_app
 from tests.qwen2_5_omni.conftest import PROMPTS as OMNI_PROMPTS
 from tests.qwen2_5_omni.conftest import greedy_params as omni_params
 from tests.ray.conftest import actor_states, pinned_overrides, ray
-from tests.startup.stuck_loader import LOCK_VARIABLE
+from tests.startup.stuck_loader import LOCK_VARIABLE, doing_in
 from tests.support.polling import wait_until, wait_until_async
 from tests.support.toy_stages import open_gate, speech_pipeline
 
@@ -200,12 +200,12 @@ def test_an_actor_stuck_in_its_loader_is_named_with_its_stack(ray_cluster, tmp_p
     lock.write_text("")
     stage = {"placement": "ray", "num_cpus": 0.5, "env": {LOCK_VARIABLE: str(lock)}}
     stage["engine_args"] = {"model_loader": "tests.startup.stuck_loader:wait_on_stale_lock"}
-    # The deadline leaves room for a fresh Ray worker to import torch and transformers before it reaches the
-    # loader: ~9 s on a quiet 2-core machine, past 20 s on a loaded CI one (where a 20 s deadline caught the
-    # actor still importing, and its stack named the import instead of the wait).
-    stuck = r"(?s)stage 0 \(llm\) replica 0 \(Ray actor placed.*startup_timeout_s of 45 s.*wait_on_stale_lock"
-    with pytest.raises(StartupTimeoutError, match=stuck):
-        AsyncOmni(str(tiny_llm_dir("qwen2")), stage_overrides={"0": stage}, startup_timeout=45)
+    # A fresh Ray worker imports torch and transformers before it reaches the loader: ~9 s on a quiet 2-core
+    # machine, past 45 s on a loaded CI one. Its stack shows the wait, or the import the deadline caught.
+    stuck = r"(?s)stage 0 \(llm\) replica 0 \(Ray actor placed.*startup_timeout_s of 20 s.*it was doing:"
+    with pytest.raises(StartupTimeoutError, match=stuck) as failed:
+        AsyncOmni(str(tiny_llm_dir("qwen2")), stage_overrides={"0": stage}, startup_timeout=20)
+    assert doing_in(str(failed.value))
     wait_until(lambda: {"ALIVE", "PENDING_CREATION"}.isdisjoint(actor_states()), 60, "no actor left")
 
 

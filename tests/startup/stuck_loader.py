@@ -13,3 +13,10 @@ def wait_on_stale_lock(model_dir: str, dtype, device: str):
 
     FileBaton(os.environ[LOCK_VARIABLE]).wait()  # until the test that planted it removes it
     raise RuntimeError("the stale lock was removed: this loader loads nothing")
+
+
+def doing_in(message: str) -> bool:
+    """Whether a start-up error shows the stuck stage's stack: the loader's wait on the lock, or, where a
+    loaded machine's imports outlasted the deadline (CI: past 15 s), the import it was in. The inline
+    test in test_startup.py, whose stage imports nothing new, always shows the wait."""
+    return ("wait_on_stale_lock" in message and "file_baton" in message) or "_find_and_load" in message
