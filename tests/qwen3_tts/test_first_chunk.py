@@ -1,6 +1,7 @@
-"""The codec stage's first chunk (time to first audio): chosen by load among [2, 4, 8, 16] frames as each
-request arrives (vLLM-Omni's rule, then 25-frame chunks), or the request's own `first_chunk_frames`; and
-context-only frames (a cloned voice's clip codes) are decoded as context and never emitted."""
+"""The codec stage's first chunk (time to first audio): a fixed size, or chosen by load among sizes such as
+[2, 4, 8, 16] frames as each request arrives, or the request's own `first_chunk_frames`, then 25-frame chunks;
+a request arriving during a pass speaks after the window in progress; and context-only frames (a cloned
+voice's clip codes) are decoded as context and never emitted."""
 
 from __future__ import annotations
 
@@ -70,3 +71,27 @@ def test_context_frames_are_decoded_never_emitted() -> None:
     (first,) = chunked.step()
     assert first.audio.shape == (4 * FRAME,)
     assert float((first.audio - one_pass[12 * FRAME : 16 * FRAME]).abs().max()) <= 5e-4
+
+
+def test_a_new_request_speaks_between_the_windows_of_a_running_pass() -> None:
+    """A pass decodes its requests' windows one at a time: a request arriving while it runs has its first
+    chunk decoded after the window in progress, not after the whole pass."""
+    eng = engine(async_chunk=True, chunk_frames=25, first_chunk_frames=1)
+    playing = [f"p{i}" for i in range(3)]
+    for i, rid in enumerate(playing):
+        eng.add_request(StageRequest(rid, inputs=GenerationInputs(codes(i, 1)), streaming_input=True))
+    assert sorted(outputs_in_order(eng, 3)) == playing  # their first chunks
+    for i, rid in enumerate(playing):  # 25 more frames each: one catch-up pass of three windows
+        eng.add_chunk(rid, GenerationInputs(codes(10 + i, 25)), last=False)
+    assert eng.step() == []  # the pass has decoded its first window
+    eng.add_request(StageRequest("new", inputs=GenerationInputs(codes(9, 1)), streaming_input=True))
+    assert outputs_in_order(eng, 4) == ["new", *playing]
+
+
+def outputs_in_order(eng, count: int) -> list[str]:
+    order: list[str] = []
+    for _ in range(20):
+        order += [out.request_id for out in eng.step()]
+        if len(order) >= count:
+            return order
+    raise AssertionError(f"only {order} after 20 steps")

@@ -123,6 +123,9 @@ SIZES: dict[str, dict[str, Any]] = {
         "accept_hidden_layer": 2,
     },
 }
+# The bench widths with head_dim 32, the smallest vLLM's CPU attention runs: for measuring against vLLM-Omni
+# on this CPU (benchmarks/vs_vllm_omni_speech.py, ../shared/peers/vllm_omni_cpu).
+SIZES["peer"] = {**SIZES["bench"], "head_dim": 32, "mrope_section": [6, 5, 5]}
 
 
 def build_config(size: str = "tiny") -> Any:
@@ -130,9 +133,10 @@ def build_config(size: str = "tiny") -> Any:
 
     s = SIZES[size]
     text, talker, predictor, c2w = s["text"], s["talker"], s["predictor"], s["code2wav"]
-    head_dim = 16
+    head_dim = s.get("head_dim", 16)
     # Interleaved multimodal RoPE; the sections must fit in head_dim / 2 (the real [24, 20, 20] needs 128).
-    rope = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [3, 3, 2], "interleaved": True}
+    sections = s.get("mrope_section", [3, 3, 2])
+    rope = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": sections, "interleaved": True}
     ids = {"audio_token_id": 151675, "image_token_id": 151655, "video_token_id": 151656}
     thinker = {
         "text_config": {
@@ -295,11 +299,21 @@ def build_checkpoint(path: Path, size: str = "tiny") -> None:
     model = Qwen3OmniMoeForConditionalGeneration(build_config(size)).eval()
     initialise(model, torch.Generator().manual_seed(SEED + 1))
     model.save_pretrained(path)
+    if size == "peer":
+        keep_vision_fields(path / "config.json")
     tokenizer = build_tokenizer(ADDED_TOKENS, EXTRA_SPECIAL_TOKENS, CHAT_TEMPLATE)
     tokenizer.save_pretrained(path)
     (path / "processor_config.json").write_text(json.dumps(processor_sections(), indent=2))
     (path / "chat_template.jinja").write_text(CHAT_TEMPLATE)
     logger.info("built Qwen3-Omni (%s) at %s", size, path)
+
+
+def keep_vision_fields(config_file: Path) -> None:
+    """The released vision fields transformers 5 drops on save and vLLM's vision tower reads at
+    construction (`image_size`, `apply_vit_abs_pos_embed`), written back."""
+    config = json.loads(config_file.read_text())
+    config["thinker_config"]["vision_config"].update(image_size=768, apply_vit_abs_pos_embed=True)
+    config_file.write_text(json.dumps(config, indent=2))
 
 
 def qwen3_omni_dir(size: str = "tiny") -> Path:

@@ -21,7 +21,7 @@ from omnistage.families.qwen3_tts.codec import SUBFOLDER, CodecDecoder, StreamSt
 from omnistage.families.shared.codec_stage import CodecArgs, codec_engine
 from omnistage.stages.ar.loader import resolve_dtype
 from omnistage.stages.base import EngineContext
-from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine, one_unit
+from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine
 
 SAMPLE_RATE = 24000
 
@@ -38,24 +38,29 @@ class CodecGenerator:
         self.streams: dict[str, StreamState] = {}
 
     def run(self, batch: GenerationBatch) -> Steps[None, None, list[torch.Tensor]]:
-        return one_unit(lambda: self.generate(batch.windows, batch.params, batch.stream_ids))
+        """One window a unit: the engine may run a new request's first chunk between two windows of a pass
+        (a pass holds up to max_num_seqs windows of 25 frames, seconds of work on one core)."""
+        out = []
+        for i, window in enumerate(batch.windows):
+            out.append(self._decode(window, None if batch.stream_ids is None else batch.stream_ids[i]))
+            if i + 1 < len(batch.windows):
+                yield
+        return out
 
     def generate(
         self, windows: list[torch.Tensor], params: list[Any], stream_ids: list[str] | None = None
     ) -> list[torch.Tensor]:
-        device = next(self.codec.parameters()).device
-        out = []
-        for i, window in enumerate(windows):
-            if window.shape[0] == 0:
-                out.append(torch.empty(0))
-                continue
-            codes = window.to(device, torch.long).clamp(min=0).T[None]  # [1, 16, T]
-            if stream_ids is None:
-                wave = self.codec.chunked_decode(codes)
-            else:
-                wave = self.codec(codes, self.streams.setdefault(stream_ids[i], StreamState()))
-            out.append(wave[0, 0].float().cpu())
-        return out
+        return [self._decode(w, None if stream_ids is None else stream_ids[i]) for i, w in enumerate(windows)]
+
+    def _decode(self, window: torch.Tensor, stream_id: str | None) -> torch.Tensor:
+        if window.shape[0] == 0:
+            return torch.empty(0)
+        codes = window.to(next(self.codec.parameters()).device, torch.long).clamp(min=0).T[None]  # [1, 16, T]
+        if stream_id is None:
+            wave = self.codec.chunked_decode(codes)
+        else:
+            wave = self.codec(codes, self.streams.setdefault(stream_id, StreamState()))
+        return wave[0, 0].float().cpu()
 
     def end_stream(self, stream_id: str) -> None:
         self.streams.pop(stream_id, None)
