@@ -61,6 +61,30 @@ def p99(xs: list[float]) -> float:
 # --- omnistage's side (run in a fresh process: `--side omnistage`) -----------------------------------------
 
 
+async def timed(omni, prompt, params) -> dict:
+    """One request: its time to first audio, its completion time and its waveform."""
+    began, first = time.perf_counter(), None
+    async for out in omni.generate(prompt, params):
+        if first is None and out.delta_audio is not None and out.delta_audio.numel():
+            first = time.perf_counter() - began
+        if out.finished:
+            if out.error is not None:
+                raise RuntimeError(out.error)
+            return {"ttfa": first, "jct": time.perf_counter() - began, "wave": out.audio.reshape(-1)}
+    raise RuntimeError("no terminal output")
+
+
+async def closed_loop(omni, prompts: list, params, concurrency: int) -> list[dict]:
+    """`concurrency` requests in flight, the next sent when one completes (the peer kit's benches do so)."""
+    slots = asyncio.Semaphore(concurrency)
+
+    async def in_a_slot(prompt) -> dict:
+        async with slots:
+            return await timed(omni, prompt, params)
+
+    return await asyncio.gather(*(in_a_slot(p) for p in prompts))
+
+
 async def omnistage_tts(save_dir: Path) -> dict:
     from benchmarks.qwen3_tts import LANGUAGE, SPEAKER, bench_dir, talker_params
     from benchmarks.tts_against_reference import TEXTS
@@ -71,29 +95,15 @@ async def omnistage_tts(save_dir: Path) -> dict:
     omni = AsyncOmni(str(bench_dir()), stage_overrides=overrides)
     params = [talker_params(TTS["frames"]), None]
 
-    async def one(text: str) -> dict:
-        began, first = time.perf_counter(), None
-        prompt = {"task": "speech", "input": text, "speaker": SPEAKER, "language": LANGUAGE}
-        async for out in omni.generate(prompt, params):
-            if first is None and out.delta_audio is not None and out.delta_audio.numel():
-                first = time.perf_counter() - began
-            if out.finished:
-                if out.error is not None:
-                    raise RuntimeError(out.error)
-                return {"ttfa": first, "jct": time.perf_counter() - began, "wave": out.audio.reshape(-1)}
-        raise RuntimeError("no terminal output")
+    def prompt(text: str) -> dict:
+        return {"task": "speech", "input": text, "speaker": SPEAKER, "language": LANGUAGE}
 
     phases = {}
     try:
-        await one(texts[0])  # warm-up
+        await timed(omni, prompt(texts[0]), params)  # warm-up
         for conc in TTS["concurrency"]:
-
-            async def in_a_slot(text: str, slots: asyncio.Semaphore = asyncio.Semaphore(conc)) -> dict:
-                async with slots:
-                    return await one(text)
-
             started = time.perf_counter()
-            rows = await asyncio.gather(*(in_a_slot(t) for t in texts))
+            rows = await closed_loop(omni, [prompt(t) for t in texts], params, conc)
             wall = time.perf_counter() - started
             for i, row in enumerate(rows):
                 (save_dir / f"c{conc}").mkdir(parents=True, exist_ok=True)
@@ -119,27 +129,10 @@ async def omnistage_omni(save_dir: Path) -> dict:
         None,
     ]
 
-    async def one(text: str) -> dict:
-        began, first = time.perf_counter(), None
-        async for out in omni.generate(text, params):
-            if first is None and out.delta_audio is not None and out.delta_audio.numel():
-                first = time.perf_counter() - began
-            if out.finished:
-                if out.error is not None:
-                    raise RuntimeError(out.error)
-                return {"ttfa": first, "jct": time.perf_counter() - began, "wave": out.audio.reshape(-1)}
-        raise RuntimeError("no terminal output")
-
     texts = prompts(OMNI["requests"])
     try:
-        await one(texts[0])  # warm-up
-        slots = asyncio.Semaphore(conc)
-
-        async def in_a_slot(text: str) -> dict:
-            async with slots:
-                return await one(text)
-
-        rows = await asyncio.gather(*(in_a_slot(t) for t in texts))
+        await timed(omni, texts[0], params)  # warm-up
+        rows = await closed_loop(omni, texts, params, conc)
     finally:
         await omni.shutdown()
     save_dir.mkdir(parents=True, exist_ok=True)
