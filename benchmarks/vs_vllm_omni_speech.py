@@ -146,8 +146,7 @@ async def omnistage_omni(save_dir: Path) -> dict:
 
 def peer_env() -> dict:
     # The peer's stages bind nothing and run one thread each (its benches' defaults), as omnistage's stages.
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "OMP_NUM_THREADS")}
-    return env
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "OMP_NUM_THREADS")}
 
 
 def run_peer_tts(python: str, model_dir: Path, save_dir: Path) -> dict:
@@ -211,17 +210,24 @@ def codes_line(diffs: list[float]) -> str:
     return f"codes equal on {equal} of {len(diffs)} requests (waveform max |diff| {max(diffs):.1e})"
 
 
+def contest(order: list[str], peer, ours) -> dict:
+    """Each side's result, run in `order`, the load printed as each starts."""
+    got = {}
+    for side in order:
+        print(f"  {side} (load {os.getloadavg()[0]:.2f})", flush=True)
+        got[side] = peer() if side == "vllm-omni" else ours()
+    return got
+
+
 def tts_round(python: str, order: list[str], tmp: Path) -> dict:
     from benchmarks.qwen3_tts import bench_dir
 
     model_dir = bench_dir()
-    got = {}
-    for side in order:
-        print(f"  {side} (load {os.getloadavg()[0]:.2f})", flush=True)
-        if side == "vllm-omni":
-            got[side] = run_peer_tts(python, model_dir, tmp / side)
-        else:
-            got[side] = {int(k): v for k, v in run_omnistage("qwen3_tts", tmp / side).items()}
+    got = contest(
+        order,
+        lambda: run_peer_tts(python, model_dir, tmp / "vllm-omni"),
+        lambda: {int(k): v for k, v in run_omnistage("qwen3_tts", tmp / "omnistage").items()},
+    )
     ratios = {}
     for conc in TTS["concurrency"]:
         ours, theirs = got["omnistage"][conc], got["vllm-omni"][conc]
@@ -244,13 +250,11 @@ def omni_round(python: str, order: list[str], tmp: Path) -> dict:
     from omnistage.families.qwen3_omni.checkpoint import qwen3_omni_dir
 
     model_dir = qwen3_omni_dir("peer")
-    got = {}
-    for side in order:
-        print(f"  {side} (load {os.getloadavg()[0]:.2f})", flush=True)
-        if side == "vllm-omni":
-            got[side] = run_peer_omni(python, model_dir, tmp / side)
-        else:
-            got[side] = run_omnistage("qwen3_omni", tmp / side)
+    got = contest(
+        order,
+        lambda: run_peer_omni(python, model_dir, tmp / "vllm-omni"),
+        lambda: run_omnistage("qwen3_omni", tmp / "omnistage"),
+    )
     ours, theirs = got["omnistage"], got["vllm-omni"]
     jct, ttfa = statistics.mean(ours["jct"]), statistics.mean(ours["ttfa"])
     vttfa = statistics.mean(theirs["ttfa"])

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Generator as Steps
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -27,8 +26,8 @@ SAMPLE_RATE = 24000
 
 
 class CodecGenerator:
-    """`generate(windows, params[, stream_ids])`: one waveform [T * 1920] per [T, 16] code window; with
-    stream ids, each window continues its stream (the engine's `streams`)."""
+    """`run(batch)`: one waveform [T * 1920] per [T, 16] code window; with stream ids, each window continues
+    its stream (the engine's `streams`)."""
 
     sample_rate = SAMPLE_RATE
 
@@ -46,11 +45,6 @@ class CodecGenerator:
             if i + 1 < len(batch.windows):
                 yield
         return out
-
-    def generate(
-        self, windows: list[torch.Tensor], params: list[Any], stream_ids: list[str] | None = None
-    ) -> list[torch.Tensor]:
-        return [self._decode(w, None if stream_ids is None else stream_ids[i]) for i, w in enumerate(windows)]
 
     def _decode(self, window: torch.Tensor, stream_id: str | None) -> torch.Tensor:
         if window.shape[0] == 0:
