@@ -25,6 +25,7 @@ from omnistage.families.csm.codec import (
 from omnistage.families.csm.tiny import tiny_csm_dir
 from omnistage.stages.base import EngineContext, StageRequest
 from omnistage.stages.generation.generation_inputs import GenerationInputs
+from tests.support.codec_stream import stream
 
 pytestmark = pytest.mark.engine
 
@@ -148,28 +149,6 @@ def engine(codec_dir: Path, async_chunk: bool, dtype: str = "auto", **engine_arg
     )
     stage = StageSpec(1, "codec", "generation", final_output=True, output_modality="audio")
     return create_engine(EngineContext(stage=stage, deploy=deploy, model_dir=str(codec_dir)))
-
-
-def stream(eng, codes: list[torch.Tensor], piece: int) -> dict[str, torch.Tensor]:
-    """Feed each request's frames `piece` at a time, as the backbone would; step until every request ends."""
-    audio: dict[str, list[torch.Tensor]] = {f"r{i}": [] for i in range(len(codes))}
-    for i, c in enumerate(codes):
-        eng.add_request(StageRequest(f"r{i}", inputs=GenerationInputs(c[:piece]), streaming_input=True))
-    fed, finished = [min(piece, len(c)) for c in codes], set()
-    ending = list(range(len(codes)))  # requests whose last chunk is still to come
-    for _ in range(10_000):
-        for i in list(ending):
-            new = codes[i][fed[i] : fed[i] + piece]
-            fed[i] += len(new)
-            eng.add_chunk(f"r{i}", GenerationInputs(new), last=fed[i] == len(codes[i]))
-            if fed[i] == len(codes[i]):
-                ending.remove(i)
-        for out in eng.step():
-            audio[out.request_id].append(out.audio)
-            finished |= {out.request_id} if out.finished else set()
-        if len(finished) == len(codes):
-            return {rid: torch.cat(parts) for rid, parts in audio.items()}
-    raise AssertionError(f"requests never finished: {set(audio) - finished}")
 
 
 def test_the_engine_streams_async_chunks_into_the_one_pass_waveform(codec_dir: Path, reference) -> None:

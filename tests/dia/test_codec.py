@@ -15,6 +15,7 @@ from omnistage.families.dia.tiny import TINY, tiny_dia_dir
 from omnistage.stages.base import EngineContext, StageRequest
 from omnistage.stages.generation.generation_inputs import GenerationInputs
 from tests.dia.reference import PROMPTS, reference_audio, reference_codes
+from tests.support.codec_stream import stream
 
 pytestmark = pytest.mark.engine
 
@@ -87,28 +88,6 @@ def test_exact_context_is_the_receptive_field(generator) -> None:
         (got,) = generator.generate([codes[lo:hi]], [None])
         errors[name] = max_diff(got[(a - lo) * HOP : (b - lo) * HOP], want[a * HOP : b * HOP])
     assert errors["exact"] <= 1e-6 and min(errors["left 13"], errors["right 13"]) > TOLERANCE, errors
-
-
-def stream(eng, codes: list[torch.Tensor], piece: int) -> dict[str, torch.Tensor]:
-    """Feed each request's frames `piece` at a time, as the decoder would; step until every request ends."""
-    audio: dict[str, list[torch.Tensor]] = {f"r{i}": [] for i in range(len(codes))}
-    for i, c in enumerate(codes):
-        eng.add_request(StageRequest(f"r{i}", inputs=GenerationInputs(c[:piece]), streaming_input=True))
-    fed, finished = [min(piece, len(c)) for c in codes], set()
-    ending = list(range(len(codes)))
-    for _ in range(10_000):
-        for i in list(ending):
-            new = codes[i][fed[i] : fed[i] + piece]
-            fed[i] += len(new)
-            eng.add_chunk(f"r{i}", GenerationInputs(new), last=fed[i] == len(codes[i]))
-            if fed[i] == len(codes[i]):
-                ending.remove(i)
-        for out in eng.step():
-            audio[out.request_id].append(out.audio)
-            finished |= {out.request_id} if out.finished else set()
-        if len(finished) == len(codes):
-            return {rid: torch.cat(parts) for rid, parts in audio.items()}
-    raise AssertionError(f"requests never finished: {set(audio) - finished}")
 
 
 def test_the_engine_decodes_async_chunks_into_the_one_pass_waveform(generator) -> None:

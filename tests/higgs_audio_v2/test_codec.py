@@ -23,6 +23,7 @@ from omnistage.families.higgs_audio_v2.codec import (
 from omnistage.families.higgs_audio_v2.tiny import tiny_higgs_dir
 from omnistage.stages.base import EngineContext, StageRequest
 from omnistage.stages.generation.generation_inputs import GenerationInputs
+from tests.support.codec_stream import stream
 
 pytestmark = pytest.mark.engine
 
@@ -100,28 +101,6 @@ def engine(model_dir: Path, async_chunk: bool, **engine_args):  # noqa: ANN201
     deploy = StageDeploy(stage_id=1, async_chunk=async_chunk, engine_args=engine_args, max_num_seqs=8)
     stage = StageSpec(1, "codec", "generation", final_output=True, output_modality="audio")
     return create_engine(EngineContext(stage=stage, deploy=deploy, model_dir=str(model_dir)))
-
-
-def stream(eng, codes: list[torch.Tensor], piece: int) -> dict[str, torch.Tensor]:
-    """Feed each request's frames `piece` at a time, as the talker would; step until every request ends."""
-    audio: dict[str, list[torch.Tensor]] = {f"r{i}": [] for i in range(len(codes))}
-    for i, c in enumerate(codes):
-        eng.add_request(StageRequest(f"r{i}", inputs=GenerationInputs(c[:piece]), streaming_input=True))
-    fed, finished = [min(piece, len(c)) for c in codes], set()
-    ending = list(range(len(codes)))
-    for _ in range(10_000):
-        for i in list(ending):
-            new = codes[i][fed[i] : fed[i] + piece]
-            fed[i] += len(new)
-            eng.add_chunk(f"r{i}", GenerationInputs(new), last=fed[i] == len(codes[i]))
-            if fed[i] == len(codes[i]):
-                ending.remove(i)
-        for out in eng.step():
-            audio[out.request_id].append(out.audio)
-            finished |= {out.request_id} if out.finished else set()
-        if len(finished) == len(codes):
-            return {rid: torch.cat(parts) for rid, parts in audio.items()}
-    raise AssertionError(f"requests never finished: {set(audio) - finished}")
 
 
 def test_the_engine_joins_async_chunks_into_the_one_pass_waveform(model_dir: Path, reference) -> None:

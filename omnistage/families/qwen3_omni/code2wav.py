@@ -6,9 +6,12 @@ the last `tail` (555) samples of a window wait for the next frame. So a chunk's 
 samples before its first frame to `tail` before its end (the first chunk from 0), and chunks decoded with
 the decoder's whole receptive field as left context (`context_frames`) join into the one-pass waveform.
 
-Full handoff (one window holding the whole request) decodes exactly as the reference: `chunked_decode`
-(300-frame chunks, 25 frames of left context; past 300 frames that differs from one pass, see
-tiny-qwen3-omni.md).
+Async chunk, by default, decodes each request as one stream (code2wav_stream.py): each chunk once, its
+layers continuing the state the request's earlier chunks left, joining into the one-pass waveform.
+`left_context_frames` instead decodes each chunk again behind that many earlier frames ("exact": the whole
+receptive field, `context_frames`). Full handoff (one window holding the whole request) decodes exactly as
+the reference: `chunked_decode` (300-frame chunks, 25 frames of left context; past 300 frames that differs
+from one pass, see tiny-qwen3-omni.md).
 """
 
 from __future__ import annotations
@@ -18,16 +21,18 @@ from typing import Any
 
 import torch
 
+from omnistage.families.qwen3_omni.code2wav_stream import Code2WavStream, decode_stream
 from omnistage.families.qwen3_omni.loaders import load_code2wav
 from omnistage.families.shared.codec_stage import CodecArgs, codec_engine
 from omnistage.stages.base import EngineContext
-from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine, one_unit
+from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine
 
 SAMPLE_RATE = 24000
 
 
 class Code2WavGenerator:
-    """`generate(windows, params, starts, spans)`: each window's audio for its emitted frames."""
+    """`run(batch)`: each window's audio for its emitted frames; with stream ids, each window continues its
+    stream (the engine's `streams`)."""
 
     sample_rate = SAMPLE_RATE
     emits_spans = True
@@ -36,31 +41,41 @@ class Code2WavGenerator:
         self.code2wav = code2wav
         self.outputs_per_frame = int(code2wav.total_upsample)
         self.one_pass = one_pass  # full handoff: the whole request in one window, decoded as the reference
+        self.streams: dict[str, Code2WavStream] = {}
         with torch.inference_mode():
             probe = torch.zeros(1, code2wav.config.num_quantizers, 1, dtype=torch.long)
             self.tail = self.outputs_per_frame - code2wav(probe).shape[-1]
 
     def run(self, batch: GenerationBatch) -> Steps[None, None, list[torch.Tensor]]:
-        return one_unit(lambda: self.generate(batch.windows, batch.params, batch.starts, batch.spans))
-
-    def generate(
-        self, windows: list[torch.Tensor], params: list[Any], starts: list[int], spans: list[tuple[int, int]]
-    ) -> list[torch.Tensor]:
-        device = next(self.code2wav.parameters()).device
+        """One window a unit: the engine may run a new request's first chunk between two windows of a pass."""
         out = []
-        for window, start, (skip, count) in zip(windows, starts, spans, strict=True):
-            if count == 0:
-                out.append(torch.empty(0))
-                continue
-            codes = window.to(device, torch.long).clamp(min=0).T[None]  # [1, 16, T]
-            if self.one_pass:
-                out.append(self.code2wav.chunked_decode(codes)[0, 0].float().cpu())
-                continue
-            wav = self.code2wav(codes)[0, 0].float().cpu()
-            per = self.outputs_per_frame
-            first = 0 if start + skip == 0 else skip * per - self.tail
-            out.append(wav[first : (skip + count) * per - self.tail])
+        for i, (window, start, span) in enumerate(zip(batch.windows, batch.starts, batch.spans, strict=True)):
+            stream = None if batch.stream_ids is None else batch.stream_ids[i]
+            out.append(self._decode(window, start, span, stream))
+            if i + 1 < len(batch.windows):
+                yield
         return out
+
+    def _decode(
+        self, window: torch.Tensor, start: int, span: tuple[int, int], stream: str | None
+    ) -> torch.Tensor:
+        skip, count = span
+        if count == 0:
+            return torch.empty(0)
+        device = next(self.code2wav.parameters()).device
+        codes = window.to(device, torch.long).clamp(min=0).T[None]  # [1, 16, T]
+        if stream is not None:
+            wave = decode_stream(self.code2wav, codes, self.streams.setdefault(stream, Code2WavStream()))
+            return wave[0, 0].float().cpu()
+        if self.one_pass:
+            return self.code2wav.chunked_decode(codes)[0, 0].float().cpu()
+        wav = self.code2wav(codes)[0, 0].float().cpu()
+        per = self.outputs_per_frame
+        first = 0 if start + skip == 0 else skip * per - self.tail
+        return wav[first : (skip + count) * per - self.tail]
+
+    def end_stream(self, stream_id: str) -> None:
+        self.streams.pop(stream_id, None)
 
 
 def context_frames(code2wav: Any) -> int:
@@ -72,8 +87,8 @@ def context_frames(code2wav: Any) -> int:
 
 def create_engine(ctx: EngineContext) -> GenerationEngine:
     """engine_args as the Qwen3-TTS codec stage's (`chunk_frames`, `first_chunk_frames`,
-    `left_context_frames` ("exact": `context_frames`), `max_chunk_frames`); `async_chunk: false` decodes
-    each request in one pass, exactly as the reference."""
+    `left_context_frames` ("stream", the default; "exact": `context_frames`), `max_chunk_frames`);
+    `async_chunk: false` decodes each request in one pass, exactly as the reference."""
     code2wav = load_code2wav(ctx.model_dir, ctx.device)
     generator = Code2WavGenerator(code2wav, one_pass=ctx.deploy.async_chunk is False)
     return codec_engine(ctx, generator, context_frames(code2wav))
