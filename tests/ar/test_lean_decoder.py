@@ -9,8 +9,17 @@ import pytest
 import torch
 
 from omnistage.params import SamplingParams
+from omnistage.stages.ar.cpu import native
 from omnistage.stages.ar.cpu.lean_decoder import LeanDecoder
-from omnistage.stages.ar.cpu.packed_linear import BATCH_HINT, PACKED_MAX_ROWS, _is_packed, _packed_linear
+from omnistage.stages.ar.cpu.packed_linear import (
+    BATCH_HINT,
+    NATIVE_MAX_ROWS,
+    PACKED_MAX_ROWS,
+    _is_packed,
+    _packed_linear,
+    native_linear,
+    pack_linears,
+)
 from omnistage.stages.ar.loader import cpu_has_native
 from omnistage.stages.base import StageRequest
 from tests.ar.ar_helpers import make_engine, run, use_pointwise
@@ -59,9 +68,10 @@ def test_lean_decoder_equals_the_models_forward(arch: str, pointwise: str) -> No
 
 
 def test_fused_packed_linears_equal_the_separate_ones() -> None:
-    """q/k/v (and gate/up) through one packed GEMM give exactly what each linear's own packed weight gives;
-    the linears' forwards (the model's own path) take their part of it; a long prefill's inputs take each
-    linear's own weight through the plain GEMM."""
+    """q/k/v (and gate/up) through one joint GEMM give exactly what each linear's own weight gives through
+    the same kernel (the native one at a decode step's few rows, where built; the packed one up to a long
+    prefill, whose inputs take each linear's own weight through the plain GEMM); the linears' forwards
+    (the model's own path) take their part of it."""
     engine = make_engine("qwen2")  # its lean decoder has fused every layer's q/k/v and gate/up
     layer = engine.model.decoder.layers[0]
     groups = [
@@ -71,7 +81,7 @@ def test_fused_packed_linears_equal_the_separate_ones() -> None:
     lean_layer = engine.runner.decoder.layers[0]
     qkv, gate_up = lean_layer.qkv, lean_layer.gate_up
     for joint, linears in zip((qkv, gate_up), groups, strict=True):
-        for rows in (1, 8, 37, PACKED_MAX_ROWS):
+        for rows in (1, 8, NATIVE_MAX_ROWS, NATIVE_MAX_ROWS + 1, 37, PACKED_MAX_ROWS):
             gen = torch.Generator().manual_seed(rows)
             x = torch.randn(1, rows, linears[0].weight.shape[1], generator=gen)
             with torch.inference_mode():
@@ -79,10 +89,49 @@ def test_fused_packed_linears_equal_the_separate_ones() -> None:
                 for part, linear in zip(parts, linears, strict=True):
                     alone = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), BATCH_HINT)
                     weight = linear.weight.detach()
-                    assert torch.equal(part, _packed_linear(alone, weight, linear.bias, x))
+                    few_rows = native_linear([weight], linear.bias)
+                    assert (few_rows is not None) == (native.weight_only_kernels() is not None)
+                    assert torch.equal(part, _packed_linear(alone, weight, linear.bias, few_rows, x))
                     assert torch.equal(part, linear(x))
-                    if rows >= PACKED_MAX_ROWS:
+                    if rows <= NATIVE_MAX_ROWS and few_rows is not None:
+                        assert torch.equal(part, few_rows(x))
+                    elif rows < PACKED_MAX_ROWS:
+                        assert torch.equal(part, _packed_linear(alone, weight, linear.bias, None, x))
+                    else:
                         assert torch.equal(part, torch.nn.functional.linear(x, weight, linear.bias))
+
+
+@pytest.mark.skipif(native.weight_only_kernels() is None, reason="the native kernels need an AVX2 CPU")
+def test_few_row_float32_linears_compute_through_the_native_kernel() -> None:
+    """At up to NATIVE_MAX_ROWS rows a packed float32 linear takes the native kernel: x @ W.T + b to float32
+    rounding (float64 reference) for every row block of the kernel (8 at a time, then 7..1) and an odd
+    number of features (its one-feature tail); joint weights side by side in one output. Weights it cannot
+    take (an input width not a multiple of 32) keep the packed GEMM."""
+    gen = torch.Generator().manual_seed(0)
+    layer = torch.nn.Linear(96, 77)
+    torch.nn.init.normal_(layer.weight, generator=gen)
+    torch.nn.init.normal_(layer.bias, generator=gen)
+    odd = torch.nn.Linear(40, 8)
+    model = torch.nn.Sequential(layer, odd)
+    assert pack_linears(model) == 2
+    for rows in range(1, 21):
+        x = torch.randn(rows, 96, generator=gen)
+        with torch.inference_mode():
+            got = layer(x)
+        want = (x.double() @ layer.weight.double().T + layer.bias.double()).float()
+        assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item(), rows
+    assert native_linear([odd.weight.detach()], odd.bias) is None
+    x = torch.randn(3, 40, generator=gen)
+    with torch.inference_mode():
+        torch.testing.assert_close(odd(x), torch.nn.functional.linear(x, odd.weight, odd.bias))
+    weights = [torch.randn(n, 64, generator=gen) for n in (5, 9, 3)]
+    bias = torch.randn(17, generator=gen)
+    x = torch.randn(4, 64, generator=gen)
+    joint = native_linear(weights, bias)(x)
+    separate = [native_linear([w], b)(x) for w, b in zip(weights, bias.split([5, 9, 3]), strict=True)]
+    assert torch.equal(joint, torch.cat(separate, dim=-1))
+    with pytest.raises(RuntimeError, match="contiguous float32"):
+        native.weight_only_kernels().float_linear(x, [weights[0].T], None)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
