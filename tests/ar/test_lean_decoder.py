@@ -105,7 +105,8 @@ def test_fused_packed_linears_equal_the_separate_ones() -> None:
 def test_few_row_float32_linears_compute_through_the_native_kernel() -> None:
     """At up to NATIVE_MAX_ROWS rows a packed float32 linear takes the native kernel: x @ W.T + b to float32
     rounding (float64 reference) for every row block of the kernel (8 at a time, then 7..1) and an odd
-    number of features (its one-feature tail); joint weights side by side in one output. Weights it cannot
+    number of features (its one-feature tail), each row's result the same alone as in the batch; joint
+    weights side by side in one output. Weights it cannot
     take (an input width not a multiple of 32) keep the packed GEMM."""
     gen = torch.Generator().manual_seed(0)
     layer = torch.nn.Linear(96, 77)
@@ -118,8 +119,11 @@ def test_few_row_float32_linears_compute_through_the_native_kernel() -> None:
         x = torch.randn(rows, 96, generator=gen)
         with torch.inference_mode():
             got = layer(x)
+            alone = torch.cat([layer(x[i : i + 1]) for i in range(rows)])
         want = (x.double() @ layer.weight.double().T + layer.bias.double()).float()
         assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item(), rows
+        if rows <= NATIVE_MAX_ROWS:  # one summation order per row: alone and batched alike, bit for bit
+            assert torch.equal(got, alone), rows
     assert native_linear([odd.weight.detach()], odd.bias) is None
     x = torch.randn(3, 40, generator=gen)
     with torch.inference_mode():

@@ -17,7 +17,10 @@ At a decode step's few rows (up to `NATIVE_MAX_ROWS`) a float32 linear computes 
 (csrc/weight_only/, `float_linear`) on its original weight where it is built: oneDNN's GEMM, laid out for
 blocks of rows, takes 1.2-4x as long there (8 rows on an AVX2 EPYC core: 256->1024 60 against 92 us,
 128->256 9 against 34 us); a Qwen3-Omni talker step of 8 sequences (its code predictor's 15 passes of small
-linears) went from 35 to 25.5 ms. Not for weights past `NATIVE_MAX_WEIGHT` elements (a large vocabulary's
+linears) went from 35 to 25.5 ms. Its sums run in another order than oneDNN's: results differ from it by
+float32 rounding, which can move a greedy pick on a near tie (one Qwen3-TTS request of 8 against vLLM-Omni,
+whose CPU GEMM is oneDNN's). Each row is summed in one order whatever the batch, so a row's result is the same
+alone and batched. Not for weights past `NATIVE_MAX_WEIGHT` elements (a large vocabulary's
 head streams from memory either way, and oneDNN's reads keep ahead: 576->49152 at 8 rows 13.0 against
 14.5 ms), nor for input widths the kernel's groups of 32 do not divide. `OMNISTAGE_NATIVE_KERNELS=0` (or no
 build) keeps every call on the packed weights.

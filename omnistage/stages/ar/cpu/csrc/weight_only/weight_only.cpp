@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -113,9 +114,16 @@ void block(const W& weights, const float* x, float* out, int64_t k, int64_t n_ou
 }
 
 // The features of `weights` (n of them) into columns of `out` (row stride n_out), rows in blocks of kRows.
+// Float32 weights sum each row in one order whatever the number of rows (one accumulator per row and
+// feature), so a row's result is the same alone and in any batch (greedy picks on a near tie do not move
+// with the batch); fewer rows take more features at a time instead, for independent FMA chains. The
+// quantized weights keep two accumulators below five rows (their results may differ by batch shape in the
+// last bits, as oneDNN's did).
 template <typename W>
 void into(const W& weights, const float* x, int64_t rows, int64_t k, int64_t n, float* out, int64_t n_out,
           const float* bias) {
+  constexpr bool kOneOrder = std::is_same<W, Float32>::value;
+  constexpr int kFew = kOneOrder ? 1 : 2;  // accumulators per row and feature below five rows
   at::parallel_for(0, n, kGrain, [&](int64_t n0, int64_t n1) {
     int64_t r = 0;
     for (; r + kRows <= rows; r += kRows) block<kRows, 1, 1>(weights, x, out, k, n_out, r, n0, n1, bias);
@@ -123,10 +131,10 @@ void into(const W& weights, const float* x, int64_t rows, int64_t k, int64_t n, 
       case 7: block<7, 1, 1>(weights, x, out, k, n_out, r, n0, n1, bias); break;
       case 6: block<6, 1, 1>(weights, x, out, k, n_out, r, n0, n1, bias); break;
       case 5: block<5, 1, 1>(weights, x, out, k, n_out, r, n0, n1, bias); break;
-      case 4: block<4, 1, 2>(weights, x, out, k, n_out, r, n0, n1, bias); break;
-      case 3: block<3, 1, 2>(weights, x, out, k, n_out, r, n0, n1, bias); break;
-      case 2: block<2, 2, 2>(weights, x, out, k, n_out, r, n0, n1, bias); break;
-      case 1: block<1, 2, 2>(weights, x, out, k, n_out, r, n0, n1, bias); break;
+      case 4: block<4, kOneOrder ? 2 : 1, kFew>(weights, x, out, k, n_out, r, n0, n1, bias); break;
+      case 3: block<3, kOneOrder ? 2 : 1, kFew>(weights, x, out, k, n_out, r, n0, n1, bias); break;
+      case 2: block<2, kOneOrder ? 4 : 2, kFew>(weights, x, out, k, n_out, r, n0, n1, bias); break;
+      case 1: block<1, kOneOrder ? 4 : 2, kFew>(weights, x, out, k, n_out, r, n0, n1, bias); break;
       default: break;
     }
   });
