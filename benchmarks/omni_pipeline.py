@@ -42,6 +42,7 @@ import asyncio
 import dataclasses
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -49,10 +50,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from omnistage import AsyncOmni, GenerationParams, SamplingParams
-from omnistage.families.qwen2_5_omni.processor import load_processor, prompt_to_inputs
-from omnistage.families.qwen2_5_omni.tiny import qwen2_5_omni_dir
-from omnistage.families.qwen3_omni.checkpoint import qwen3_omni_dir
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repo's benchmarks package
+from benchmarks.omni_requests import closed_loop, timed  # noqa: E402
+from omnistage import AsyncOmni, GenerationParams, SamplingParams  # noqa: E402
+from omnistage.families.qwen2_5_omni.processor import load_processor, prompt_to_inputs  # noqa: E402
+from omnistage.families.qwen2_5_omni.tiny import qwen2_5_omni_dir  # noqa: E402
+from omnistage.families.qwen3_omni.checkpoint import qwen3_omni_dir  # noqa: E402
 
 TOPICS = ["cats", "rain", "trains", "the sea", "music", "bread", "winter", "rivers"]
 
@@ -204,43 +207,24 @@ async def run_omnistage(model_dir: str, texts: list[str], args: argparse.Namespa
         GenerationParams(seed=0) if FAMILIES[args.family].seeded_code2wav else None,
     ]
 
-    async def one(text: str, t0: float) -> tuple[float, float, torch.Tensor]:
-        first = None
-        async for out in omni.generate(text, params):
-            if first is None and out.delta_audio is not None and out.delta_audio.numel():
-                first = time.perf_counter() - t0
-            if out.finished:
-                if out.error is not None:
-                    raise RuntimeError(out.error)
-                marks.append(out.metrics)
-                return first, time.perf_counter() - t0, out.audio.reshape(-1)
-        raise RuntimeError("no terminal output")
-
-    marks: list[dict[str, float]] = []
     try:
-        await one(texts[0], time.perf_counter())  # warm-up
-        marks.clear()
+        await timed(omni, texts[0], params)  # warm-up
         t0 = time.perf_counter()
-        if args.arrival == "burst":
-            results = await asyncio.gather(*(one(text, t0) for text in texts))
+        if args.arrival == "burst":  # all sent at t0
+            results = await asyncio.gather(*(timed(omni, text, params, began=t0) for text in texts))
         else:
-            slots = asyncio.Semaphore(args.concurrency)
-
-            async def sent_when_a_slot_frees(text: str) -> tuple[float, float, torch.Tensor]:
-                async with slots:
-                    return await one(text, time.perf_counter())
-
-            results = await asyncio.gather(*(sent_when_a_slot_frees(text) for text in texts))
+            results = await closed_loop(omni, texts, params, args.concurrency)
     finally:
         await omni.shutdown()
-    row = summarize(name, [r[1] for r in results], [r[0] for r in results])
+    marks = [r["metrics"] for r in results]
+    row = summarize(name, [r["jct"] for r in results], [r["ttfa"] for r in results])
     keys = ("stage0_done_s", "stage1_first_s", "stage1_done_s", "first_audio_s", "e2e_s")
     means = {k: np.mean([m[k] for m in marks if k in m]) for k in keys if any(k in m for m in marks)}
     print("  stage marks, mean s from arrival: " + ", ".join(f"{k} {v:.2f}" for k, v in means.items()))
     # When each request's talker began speaking: a request's audio cannot start before that.
     talker = sorted(m["stage1_first_s"] for m in marks if "stage1_first_s" in m)
     print("  talker first codec token per request, sorted (s): " + " ".join(f"{t:.1f}" for t in talker))
-    return row, [r[2] for r in results]
+    return row, [r["wave"] for r in results]
 
 
 def main() -> None:

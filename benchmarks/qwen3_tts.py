@@ -37,6 +37,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the reference's worker and venv helpers live with the family's tests
 
+from benchmarks.omni_requests import closed_loop, timed  # noqa: E402
 from benchmarks.tts_against_reference import TEXTS  # noqa: E402
 from omnistage import AsyncOmni, SamplingParams  # noqa: E402
 from omnistage.cache import cached_dir  # noqa: E402
@@ -111,37 +112,20 @@ async def run_omnistage(
     omni = AsyncOmni(str(model_dir), stage_overrides=overrides)
     params = [talker_params(frames), None]
 
-    async def one(text: str) -> tuple[float, float, torch.Tensor]:
-        began, first = time.perf_counter(), None
-        prompt = {"task": "speech", "input": text, "speaker": SPEAKER, "language": LANGUAGE}
-        async for out in omni.generate(prompt, params):
-            if first is None and out.delta_audio is not None and out.delta_audio.numel():
-                first = time.perf_counter() - began
-            if out.finished:
-                if out.error is not None:
-                    raise RuntimeError(out.error)
-                return first, time.perf_counter() - began, out.audio.reshape(-1)
-        raise RuntimeError("no terminal output")
-
+    prompts = [{"task": "speech", "input": t, "speaker": SPEAKER, "language": LANGUAGE} for t in texts]
     try:
-        await one(texts[0])  # warm-up
-        slots = asyncio.Semaphore(concurrency)
-
-        async def in_a_slot(text: str) -> tuple[float, float, torch.Tensor]:
-            async with slots:
-                return await one(text)
-
+        await timed(omni, prompts[0], params)  # warm-up
         started = time.perf_counter()
-        results = await asyncio.gather(*(in_a_slot(text) for text in texts))
+        results = await closed_loop(omni, prompts, params, concurrency)
         wall = time.perf_counter() - started
     finally:
         await omni.shutdown()
-    audio = [len(r[2]) / RATE for r in results]
+    audio = [len(r["wave"]) / RATE for r in results]
     return {
-        "ttfa_p50": statistics.median(r[0] for r in results),
-        "rtf_p50": statistics.median(r[1] / a for r, a in zip(results, audio, strict=True)),
+        "ttfa_p50": statistics.median(r["ttfa"] for r in results),
+        "rtf_p50": statistics.median(r["jct"] / a for r, a in zip(results, audio, strict=True)),
         "audio_per_s": sum(audio) / wall,
-        "wavs": [r[2] for r in results],
+        "wavs": [r["wave"] for r in results],
     }
 
 

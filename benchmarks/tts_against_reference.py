@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.omni_requests import closed_loop, timed
 from omnistage import AsyncOmni, SamplingParams
 
 # The texts the TTS benchmarks speak (one speaker each; a family with speaker tags marks them its way)
@@ -53,36 +54,19 @@ async def run_omnistage(
     omni = AsyncOmni(str(model_dir), stage_overrides=overrides)
     params = [SamplingParams(temperature=0.0, max_tokens=frames, **(sampling or {})), None]
 
-    async def one(prompt: Any) -> tuple[float, float, torch.Tensor]:
-        began, first = time.perf_counter(), None
-        async for out in omni.generate(prompt, params):
-            if first is None and out.delta_audio is not None and out.delta_audio.numel():
-                first = time.perf_counter() - began
-            if out.finished:
-                if out.error is not None:
-                    raise RuntimeError(out.error)
-                return first, time.perf_counter() - began, out.audio.reshape(-1)
-        raise RuntimeError("no terminal output")
-
     try:
-        await one(prompts[0])  # warm-up
-        slots = asyncio.Semaphore(concurrency)
-
-        async def in_a_slot(prompt: Any) -> tuple[float, float, torch.Tensor]:
-            async with slots:
-                return await one(prompt)
-
+        await timed(omni, prompts[0], params)  # warm-up
         started = time.perf_counter()
-        results = await asyncio.gather(*(in_a_slot(p) for p in prompts))
+        results = await closed_loop(omni, prompts, params, concurrency)
         wall = time.perf_counter() - started
     finally:
         await omni.shutdown()
-    audio = [len(r[2]) / rate for r in results]
+    audio = [len(r["wave"]) / rate for r in results]
     return {
-        "ttfa_p50": statistics.median(r[0] for r in results),
-        "rtf_p50": statistics.median(r[1] / a for r, a in zip(results, audio, strict=True)),
+        "ttfa_p50": statistics.median(r["ttfa"] for r in results),
+        "rtf_p50": statistics.median(r["jct"] / a for r, a in zip(results, audio, strict=True)),
         "audio_per_s": sum(audio) / wall,
-        "wavs": [r[2] for r in results],
+        "wavs": [r["wave"] for r in results],
     }
 
 

@@ -61,31 +61,8 @@ def p99(xs: list[float]) -> float:
 # --- omnistage's side (run in a fresh process: `--side omnistage`) -----------------------------------------
 
 
-async def timed(omni, prompt, params) -> dict:
-    """One request: its time to first audio, its completion time and its waveform."""
-    began, first = time.perf_counter(), None
-    async for out in omni.generate(prompt, params):
-        if first is None and out.delta_audio is not None and out.delta_audio.numel():
-            first = time.perf_counter() - began
-        if out.finished:
-            if out.error is not None:
-                raise RuntimeError(out.error)
-            return {"ttfa": first, "jct": time.perf_counter() - began, "wave": out.audio.reshape(-1)}
-    raise RuntimeError("no terminal output")
-
-
-async def closed_loop(omni, prompts: list, params, concurrency: int) -> list[dict]:
-    """`concurrency` requests in flight, the next sent when one completes (the peer kit's benches do so)."""
-    slots = asyncio.Semaphore(concurrency)
-
-    async def in_a_slot(prompt) -> dict:
-        async with slots:
-            return await timed(omni, prompt, params)
-
-    return await asyncio.gather(*(in_a_slot(p) for p in prompts))
-
-
 async def omnistage_tts(save_dir: Path) -> dict:
+    from benchmarks.omni_requests import closed_loop, timed
     from benchmarks.qwen3_tts import LANGUAGE, SPEAKER, bench_dir, talker_params
     from benchmarks.tts_against_reference import TEXTS
     from omnistage import AsyncOmni
@@ -117,6 +94,7 @@ async def omnistage_tts(save_dir: Path) -> dict:
 
 async def omnistage_omni(save_dir: Path) -> dict:
     from benchmarks.omni_pipeline import prompts
+    from benchmarks.omni_requests import closed_loop, timed
     from omnistage import AsyncOmni, SamplingParams
     from omnistage.families.qwen3_omni.checkpoint import qwen3_omni_dir
 

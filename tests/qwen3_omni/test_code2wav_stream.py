@@ -54,7 +54,7 @@ def test_streamed_chunks_join_into_the_one_pass_waveform_and_free_their_state(om
     decoded = 1 + 3 * 25  # the 1-frame first chunk and three of 25: past one window; the rest waits for 25
     for _ in range(100):
         assert not any(out.finished for out in eng.step())
-        cache = generator.streams["cut"]["cache"]
+        cache = generator.streams["cut"].cache
         if cache.get_seq_length() == decoded:
             break
     else:

@@ -3,7 +3,7 @@
 Frames in are the backbone's [T, K] codes (real frames only: the input processor drops the all-EOS one);
 audio out is 1920 samples a frame at 24 kHz (12.5 Hz). Full handoff decodes each request in one pass exactly
 as the reference (`codec_model.decode`). Async chunk, by default, decodes each request as a stream: each
-chunk once, continuing the state the request's earlier chunks left (`MimiStream`), so the chunks cost only
+chunk once, continuing the state the request's earlier chunks left (`CodecStream`), so the chunks cost only
 their own frames and join into the one-pass waveform. That works because every layer of Mimi's decoder is
 causal: RVQ dequantizer → transposed conv to 25 Hz → sliding-window transformer → SEANet (causal convs,
 transposed-conv upsamplers, residual blocks). Each layer runs with its own module's weights; a stream only
@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnistage.families.shared.codec_stage import CodecArgs, codec_engine
+from omnistage.families.shared.codec_stream import CodecStream
 from omnistage.stages.ar.loader import resolve_dtype
 from omnistage.stages.base import EngineContext
 from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine, one_unit
@@ -86,32 +87,7 @@ def _renamed(key: str) -> str:
     return key
 
 
-class MimiStream:
-    """One stream's carried state: what each causal layer will read again of the frames it has seen (a
-    conv's last inputs, a transposed conv's last input frames) and the transformer's cache (its last
-    `sliding_window - 1` keys and values, and how many steps came before: the next step's position)."""
-
-    def __init__(self, transformer_config: Any):
-        from transformers import DynamicCache
-
-        self.inputs: dict[nn.Module, torch.Tensor] = {}
-        self.cache = DynamicCache(config=transformer_config)
-
-    def carry(self, layer: nn.Module, x: torch.Tensor, width: int, replicate: bool = False) -> torch.Tensor:
-        """x [B, C, T] after the `width` inputs `layer` saw last in this stream (at its start, the one-pass
-        padding: zeros, or x's first input where the conv pads by replicating), keeping the new last `width`
-        for the next chunk."""
-        if width == 0:
-            return x
-        past = self.inputs.get(layer)
-        if past is None:
-            past = x[..., :1].expand(*x.shape[:-1], width) if replicate else x.new_zeros(*x.shape[:-1], width)
-        joined = torch.cat([past, x], dim=-1)
-        self.inputs[layer] = joined[..., joined.shape[-1] - width :].clone()
-        return joined
-
-
-def stream_decode(codec: Any, codes: torch.Tensor, stream: MimiStream) -> torch.Tensor:
+def stream_decode(codec: Any, codes: torch.Tensor, stream: CodecStream) -> torch.Tensor:
     """codes [1, K, T] → waveform [1, 1, T * samples_per_frame]: `codec.decode` of the stream's frames so far
     and these, cut to these frames' samples, computing only these frames."""
     decoder = codec.decoder
@@ -124,7 +100,7 @@ def stream_decode(codec: Any, codes: torch.Tensor, stream: MimiStream) -> torch.
     return h
 
 
-def _layer(layer: nn.Module, x: torch.Tensor, stream: MimiStream) -> torch.Tensor:
+def _layer(layer: nn.Module, x: torch.Tensor, stream: CodecStream) -> torch.Tensor:
     """A SEANet layer continuing `stream`; activations carry nothing."""
     from transformers.models.mimi.modeling_mimi import MimiConv1d, MimiConvTranspose1d, MimiResnetBlock
 
@@ -140,7 +116,7 @@ def _layer(layer: nn.Module, x: torch.Tensor, stream: MimiStream) -> torch.Tenso
     return layer(x)
 
 
-def _conv(layer: Any, x: torch.Tensor, stream: MimiStream) -> torch.Tensor:
+def _conv(layer: Any, x: torch.Tensor, stream: CodecStream) -> torch.Tensor:
     """`MimiConv1d`: a causal stride-1 conv pads `kernel - 1` inputs on the left (its extra right padding,
     for strided convs, is 0 at stride 1); in a stream those are the inputs it saw last."""
     conv = layer.conv
@@ -152,7 +128,7 @@ def _conv(layer: Any, x: torch.Tensor, stream: MimiStream) -> torch.Tensor:
     return conv(stream.carry(layer, x, width, replicate=layer.pad_mode == "replicate"))
 
 
-def _transposed(layer: Any, x: torch.Tensor, stream: MimiStream) -> torch.Tensor:
+def _transposed(layer: Any, x: torch.Tensor, stream: CodecStream) -> torch.Tensor:
     """`MimiConvTranspose1d` (causal: its `kernel - stride` overlap trimmed on the right). Input frame t's
     `stride` outputs are the sum, over its `taps = ceil(kernel / stride)` strides of the kernel, of tap j
     applied to frame t - j: so a stream carries the last `taps - 1` input frames (zeros at its start: a zero
@@ -221,7 +197,7 @@ class CsmCodecGenerator:
         self.codec = codec
         self.sample_rate = int(codec.config.sampling_rate)
         self.outputs_per_frame = samples_per_frame(codec)
-        self.streams: dict[str, MimiStream] = {}
+        self.streams: dict[str, CodecStream] = {}
 
     def run(self, batch: GenerationBatch) -> Steps[None, None, list[torch.Tensor]]:
         return one_unit(lambda: self.generate(batch.windows, batch.params, batch.stream_ids))
@@ -243,7 +219,7 @@ class CsmCodecGenerator:
                     stream = self.streams.get(stream_ids[i])
                     if stream is None:
                         config = self.codec.decoder.decoder_transformer.config
-                        stream = self.streams[stream_ids[i]] = MimiStream(config)
+                        stream = self.streams[stream_ids[i]] = CodecStream(config)
                     wave = stream_decode(self.codec, codes, stream)
                 out.append(wave[0, 0].float().cpu())
         return out

@@ -21,9 +21,10 @@ from typing import Any
 
 import torch
 
-from omnistage.families.qwen3_omni.code2wav_stream import Code2WavStream, decode_stream
+from omnistage.families.qwen3_omni.code2wav_stream import decode_stream
 from omnistage.families.qwen3_omni.loaders import load_code2wav
 from omnistage.families.shared.codec_stage import CodecArgs, codec_engine
+from omnistage.families.shared.codec_stream import CodecStream
 from omnistage.stages.base import EngineContext
 from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine
 
@@ -41,7 +42,7 @@ class Code2WavGenerator:
         self.code2wav = code2wav
         self.outputs_per_frame = int(code2wav.total_upsample)
         self.one_pass = one_pass  # full handoff: the whole request in one window, decoded as the reference
-        self.streams: dict[str, Code2WavStream] = {}
+        self.streams: dict[str, CodecStream] = {}
         with torch.inference_mode():
             probe = torch.zeros(1, code2wav.config.num_quantizers, 1, dtype=torch.long)
             self.tail = self.outputs_per_frame - code2wav(probe).shape[-1]
@@ -65,7 +66,9 @@ class Code2WavGenerator:
         device = next(self.code2wav.parameters()).device
         codes = window.to(device, torch.long).clamp(min=0).T[None]  # [1, 16, T]
         if stream is not None:
-            wave = decode_stream(self.code2wav, codes, self.streams.setdefault(stream, Code2WavStream()))
+            if stream not in self.streams:
+                self.streams[stream] = CodecStream(self.code2wav.config)
+            wave = decode_stream(self.code2wav, codes, self.streams[stream])
             return wave[0, 0].float().cpu()
         if self.one_pass:
             return self.code2wav.chunked_decode(codes)[0, 0].float().cpu()

@@ -4,9 +4,9 @@ with no frame decoded twice.
 The network is causal but for one thing: each decoder block's transposed convolution (kernel 2s, stride s,
 s samples cut from each end) makes output step k from input steps k and k + 1, so a decode of T frames ends
 `tail` (555) samples short of T × 1920, and those samples come with the next frame. Everything else looks
-only back: each causal convolution reads its last `kernel - 1` inputs again (carried here as the next
-chunk's padding), a transposed convolution its last input step, the transformer its sliding window of keys
-and values (transformers' own `DynamicCache`, which keeps `sliding_window - 1` of them). Chunks decoded
+only back: each causal convolution reads its last `kernel - 1` inputs again (carried as the next chunk's
+padding), a transposed convolution its last input step, the transformer its sliding window of keys and
+values (its `DynamicCache` keeps `sliding_window - 1` of them): a `CodecStream`, as CSM's Mimi. Chunks decoded
 this way join into the one-pass waveform up to float rounding, each costing only its own frames, where a
 chunk decoded behind its whole receptive field as context (148 frames on the real checkpoint) costs those
 again every time.
@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoeCausalConvNet,
     Qwen3OmniMoeCausalTransConvNet,
@@ -27,22 +26,17 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoeSnakeBeta,
 )
 
-
-class Code2WavStream(dict):
-    """One stream's carried state, by layer (a convolution's last inputs, the transformer's cache)."""
+from omnistage.families.shared.codec_stream import CodecStream
 
 
-def decode_stream(code2wav: Any, codes: torch.Tensor, state: Code2WavStream) -> torch.Tensor:
-    """codes [1, 16, T] continuing `state`'s stream (empty: a new one) → the waveform [1, 1, n] they
-    complete: T × 1920 samples, the stream's first chunk `tail` fewer."""
+def decode_stream(code2wav: Any, codes: torch.Tensor, state: CodecStream) -> torch.Tensor:
+    """codes [1, 16, T] continuing `state`'s stream (new: `CodecStream(code2wav.config)`) → the waveform
+    [1, 1, n] they complete: T × 1920 samples, the stream's first chunk `tail` fewer."""
     if codes.shape[1] != code2wav.config.num_quantizers:
         raise ValueError(f"expected {code2wav.config.num_quantizers} codebooks, got {codes.shape[1]}")
     hidden = code2wav.code_embedding(codes + code2wav.code_offset).mean(1)
-    cache = state.get("cache")
-    if cache is None:
-        cache = state["cache"] = DynamicCache(config=code2wav.config)
-    hidden = code2wav.pre_transformer(inputs_embeds=hidden, cache=cache, use_cache=True).last_hidden_state
-    hidden = hidden.permute(0, 2, 1)
+    hidden = code2wav.pre_transformer(inputs_embeds=hidden, cache=state.cache, use_cache=True)
+    hidden = hidden.last_hidden_state.permute(0, 2, 1)
     for blocks in code2wav.upsample:
         for block in blocks:
             hidden = _layer(block, hidden, state)
@@ -51,7 +45,7 @@ def decode_stream(code2wav: Any, codes: torch.Tensor, state: Code2WavStream) -> 
     return hidden.clamp(min=-1, max=1)
 
 
-def _layer(layer: Any, x: torch.Tensor, state: Code2WavStream) -> torch.Tensor:
+def _layer(layer: Any, x: torch.Tensor, state: CodecStream) -> torch.Tensor:
     """`layer`'s forward on the stream's next steps x [1, C, t]."""
     if isinstance(layer, Qwen3OmniMoeSnakeBeta):
         return layer(x)
@@ -72,24 +66,15 @@ def _layer(layer: Any, x: torch.Tensor, state: Code2WavStream) -> torch.Tensor:
     raise TypeError(f"code2wav cannot stream through {type(layer).__name__}")
 
 
-def _causal_conv(layer: Qwen3OmniMoeCausalConvNet, x: torch.Tensor, state: Code2WavStream) -> torch.Tensor:
+def _causal_conv(layer: Qwen3OmniMoeCausalConvNet, x: torch.Tensor, state: CodecStream) -> torch.Tensor:
     """The convolution over x behind the `padding` inputs it saw last (zeros at the stream's start, as the
     one-pass padding)."""
     if layer.stride != 1:
         raise ValueError("a strided causal convolution cannot stream")
-    width = layer.padding
-    if width:
-        past = state.get(layer)
-        if past is None:
-            past = x.new_zeros(*x.shape[:-1], width)
-        x = torch.cat([past, x], dim=-1)
-        state[layer] = x[..., -width:]
-    return layer.conv(x)
+    return layer.conv(state.carry(layer, x, layer.padding))
 
 
-def _trans_conv(
-    layer: Qwen3OmniMoeCausalTransConvNet, x: torch.Tensor, state: Code2WavStream
-) -> torch.Tensor:
+def _trans_conv(layer: Qwen3OmniMoeCausalTransConvNet, x: torch.Tensor, state: CodecStream) -> torch.Tensor:
     """Kernel = stride: each input step alone. Kernel 2s: the module's own forward (s samples cut at each end)
     over x behind the last step it saw, which completes that step's samples (none at the stream's start,
     as in one pass) and leaves x's last for the next chunk."""
@@ -98,8 +83,8 @@ def _trans_conv(
         return layer(x)
     if kernel != 2 * stride:
         raise ValueError(f"a transposed convolution of kernel {kernel}, stride {stride} cannot stream")
-    past = state.get(layer)
+    past = state.inputs.get(layer)
     if past is not None:
         x = torch.cat([past, x], dim=-1)
-    state[layer] = x[..., -1:]
+    state.inputs[layer] = x[..., -1:]
     return layer(x)
