@@ -26,6 +26,8 @@ from tests.ar.ar_helpers import make_engine, run, use_pointwise
 from tests.ar.test_greedy import workload
 
 pytestmark = pytest.mark.engine
+# the native float32 kernel sums in the order of oneDNN's AVX2 GEMM (csrc/weight_only/float_gemm.cpp)
+ONEDNN_ORDER = torch.backends.cpu.get_cpu_capability() == "AVX2"
 
 
 def recorded(decoder, log: list[torch.Tensor]):
@@ -69,9 +71,10 @@ def test_lean_decoder_equals_the_models_forward(arch: str, pointwise: str) -> No
 
 def test_fused_packed_linears_equal_the_separate_ones() -> None:
     """q/k/v (and gate/up) through one joint GEMM give exactly what each linear's own weight gives through
-    the same kernel (the native one at a decode step's few rows, where built; the packed one up to a long
+    the same kernel (the native one up to NATIVE_MAX_ROWS, where built; oneDNN's packed one up to a long
     prefill, whose inputs take each linear's own weight through the plain GEMM); the linears' forwards
-    (the model's own path) take their part of it."""
+    (the model's own path) take their part of it. Where the native kernel's order is oneDNN's (AVX2), every
+    packed result equals oneDNN's bit for bit."""
     engine = make_engine("qwen2")  # its lean decoder has fused every layer's q/k/v and gate/up
     layer = engine.model.decoder.layers[0]
     groups = [
@@ -89,53 +92,64 @@ def test_fused_packed_linears_equal_the_separate_ones() -> None:
                 for part, linear in zip(parts, linears, strict=True):
                     alone = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), BATCH_HINT)
                     weight = linear.weight.detach()
-                    few_rows = native_linear([weight], linear.bias)
+                    few_rows = native_linear(weight, linear.bias)
                     assert (few_rows is not None) == (native.weight_only_kernels() is not None)
                     assert torch.equal(part, _packed_linear(alone, weight, linear.bias, few_rows, x))
                     assert torch.equal(part, linear(x))
+                    onednn = _packed_linear(alone, weight, linear.bias, None, x)
                     if rows <= NATIVE_MAX_ROWS and few_rows is not None:
                         assert torch.equal(part, few_rows(x))
+                        if ONEDNN_ORDER:
+                            assert torch.equal(part, onednn)
                     elif rows < PACKED_MAX_ROWS:
-                        assert torch.equal(part, _packed_linear(alone, weight, linear.bias, None, x))
+                        assert torch.equal(part, onednn)
                     else:
                         assert torch.equal(part, torch.nn.functional.linear(x, weight, linear.bias))
 
 
 @pytest.mark.skipif(native.weight_only_kernels() is None, reason="the native kernels need an AVX2 CPU")
-def test_few_row_float32_linears_compute_through_the_native_kernel() -> None:
-    """At up to NATIVE_MAX_ROWS rows a packed float32 linear takes the native kernel: x @ W.T + b to float32
-    rounding (float64 reference) for every row block of the kernel (8 at a time, then 7..1) and an odd
-    number of features (its one-feature tail), each row's result the same alone as in the batch; joint
-    weights side by side in one output. Weights it cannot
-    take (an input width not a multiple of 32) keep the packed GEMM."""
+def test_native_float32_linears_sum_as_onednn_does() -> None:
+    """Below a long prefill a packed float32 linear takes the native kernel: x @ W.T + b to float32 rounding
+    (float64 reference), each row's result the same alone as in the batch, for every row tile (4 at a time,
+    then 3..1), an output width not a multiple of its 8 lanes, and input widths across oneDNN's blocks of
+    1024 (one, two, three and a part); on an AVX2 CPU bit for bit what oneDNN's packed GEMM gives, bias or
+    not, on one thread or two."""
     gen = torch.Generator().manual_seed(0)
-    layer = torch.nn.Linear(96, 77)
-    torch.nn.init.normal_(layer.weight, generator=gen)
-    torch.nn.init.normal_(layer.bias, generator=gen)
-    odd = torch.nn.Linear(40, 8)
-    model = torch.nn.Sequential(layer, odd)
-    assert pack_linears(model) == 2
-    for rows in range(1, 21):
-        x = torch.randn(rows, 96, generator=gen)
-        with torch.inference_mode():
-            got = layer(x)
-            alone = torch.cat([layer(x[i : i + 1]) for i in range(rows)])
-        want = (x.double() @ layer.weight.double().T + layer.bias.double()).float()
-        assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item(), rows
-        if rows <= NATIVE_MAX_ROWS:  # one summation order per row: alone and batched alike, bit for bit
-            assert torch.equal(got, alone), rows
-    assert native_linear([odd.weight.detach()], odd.bias) is None
-    x = torch.randn(3, 40, generator=gen)
-    with torch.inference_mode():
-        torch.testing.assert_close(odd(x), torch.nn.functional.linear(x, odd.weight, odd.bias))
-    weights = [torch.randn(n, 64, generator=gen) for n in (5, 9, 3)]
+    kernels = native.weight_only_kernels()
+    threads = torch.get_num_threads()
+    try:
+        for k, n in ((40, 8), (96, 77), (1024, 24), (2100, 13), (3072, 9)):
+            layer = torch.nn.Linear(k, n)
+            torch.nn.init.normal_(layer.weight, generator=gen)
+            torch.nn.init.normal_(layer.bias, generator=gen)
+            onednn = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), BATCH_HINT)
+            assert pack_linears(layer) == 1
+            for rows in (*range(1, 10), 16, 37, PACKED_MAX_ROWS - 1):
+                x = torch.randn(rows, k, generator=gen)
+                for num_threads in (1, 2):
+                    torch.set_num_threads(num_threads)
+                    with torch.inference_mode():
+                        got = layer(x)
+                        alone = torch.cat([layer(x[i : i + 1]) for i in range(rows)])
+                        want = torch.ops.mkldnn._linear_pointwise(x, onednn, layer.bias, "none", [], "")
+                    exact = (x.double() @ layer.weight.double().T + layer.bias.double()).float()
+                    assert (got - exact).abs().max().item() <= 1e-5 * exact.abs().max().item(), (k, rows)
+                    if rows <= NATIVE_MAX_ROWS:
+                        assert torch.equal(got, alone), (k, rows)
+                        if ONEDNN_ORDER:
+                            assert torch.equal(got, want), (k, rows, num_threads)
+    finally:
+        torch.set_num_threads(threads)
+    weights = [torch.randn(m, 64, generator=gen) for m in (5, 9, 3)]
     bias = torch.randn(17, generator=gen)
     x = torch.randn(4, 64, generator=gen)
-    joint = native_linear(weights, bias)(x)
-    separate = [native_linear([w], b)(x) for w, b in zip(weights, bias.split([5, 9, 3]), strict=True)]
+    joint = native_linear(torch.cat(weights), bias)(x)
+    separate = [native_linear(w, b)(x) for w, b in zip(weights, bias.split([5, 9, 3]), strict=True)]
     assert torch.equal(joint, torch.cat(separate, dim=-1))
+    with pytest.raises(RuntimeError, match="packed by pack_float"):
+        kernels.float_linear(x, weights[0], 5)
     with pytest.raises(RuntimeError, match="contiguous float32"):
-        native.weight_only_kernels().float_linear(x, [weights[0].T], None)
+        kernels.float_linear(x[:, :32], kernels.pack_float(weights[0]), 5)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

@@ -13,17 +13,15 @@ against 3.25 ms). In float32, from `PACKED_MAX_ROWS` rows on (a long prefill) th
 original weight is the faster one again (1024 rows on 2 AVX2 cores: 169-182 against 152-155 GFLOP/s), so
 large float32 inputs take it; packed bf16 stays ahead at every size measured (1024 rows: 1.1-1.4x).
 
-At a decode step's few rows (up to `NATIVE_MAX_ROWS`) a float32 linear computes through the native kernel
-(csrc/weight_only/, `float_linear`) on its original weight where it is built: oneDNN's GEMM, laid out for
-blocks of rows, takes 1.2-4x as long there (8 rows on an AVX2 EPYC core: 256->1024 60 against 92 us,
-128->256 9 against 34 us); a Qwen3-Omni talker step of 8 sequences (its code predictor's 15 passes of small
-linears) went from 35 to 25.5 ms. Its sums run in another order than oneDNN's: results differ from it by
-float32 rounding, which can move a greedy pick on a near tie (one Qwen3-TTS request of 8 against vLLM-Omni,
-whose CPU GEMM is oneDNN's). Each row is summed in one order whatever the batch, so a row's result is the same
-alone and batched. Not for weights past `NATIVE_MAX_WEIGHT` elements (a large vocabulary's
-head streams from memory either way, and oneDNN's reads keep ahead: 576->49152 at 8 rows 13.0 against
-14.5 ms), nor for input widths the kernel's groups of 32 do not divide. `OMNISTAGE_NATIVE_KERNELS=0` (or no
-build) keeps every call on the packed weights.
+Below a long prefill's rows a float32 linear computes through the native kernel (csrc/weight_only/
+float_gemm.cpp, `float_linear`) on its own packed copy of the weight, where it is built: it sums exactly as
+oneDNN's packed GEMM does on an AVX2 CPU (bit for bit, tested), so greedy tokens stay the ones a oneDNN
+server picks even on a near tie (vLLM-Omni's CPU GEMM is oneDNN's), and a row's result does not depend on
+the batch around it; it runs 1.5-5x faster at 1-16 rows (a Qwen3-Omni talker step of 8 sequences, its code
+predictor's 15 passes of small linears: 35 -> 25 ms), 1.0-1.3x at 17-128 rows and 0.9x at 255 (2 AVX2 EPYC
+cores). There it replaces the oneDNN copy outright (`NATIVE_MAX_ROWS`); on an AVX-512 CPU, where it was
+not measured against oneDNN's wider kernels, it takes up to 16 rows and oneDNN the rest.
+`OMNISTAGE_NATIVE_KERNELS=0` (or no build) keeps every call on oneDNN.
 """
 
 from __future__ import annotations
@@ -49,8 +47,8 @@ def packing_available() -> bool:
 
 BATCH_HINT = 32  # rows the packed layout is tuned for
 PACKED_MAX_ROWS = 256  # inputs with at least this many rows use the original weight
-NATIVE_MAX_ROWS = 16  # float32 inputs with at most this many rows use the native kernel (module docstring)
-NATIVE_MAX_WEIGHT = 16 * 2**20  # elements of the largest weight it takes
+# float32 inputs with at most this many rows use the native kernel (module docstring)
+NATIVE_MAX_ROWS = PACKED_MAX_ROWS - 1 if torch.backends.cpu.get_cpu_capability() == "AVX2" else 16
 Joint = Callable[[torch.Tensor], tuple[torch.Tensor, ...]]  # one input → each fused linear's output
 
 
@@ -69,30 +67,30 @@ def pack_linears(model: nn.Module, batch_hint: int = BATCH_HINT) -> int:
             continue
         if is_quantized(module):
             continue
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_hint)
         bias = module.bias.detach() if module.bias is not None else None
-        few_rows = native_linear([weight.detach()], bias)
+        few_rows = native_linear(weight.detach(), bias)
+        packed = None if _native_covers(few_rows) else _onednn(weight.detach(), batch_hint)
         module.forward = functools.partial(_packed_linear, packed, weight.detach(), bias, few_rows)
         count += 1
-    logger.info("packed %d linear layers for oneDNN", count)
+    logger.info("packed %d linear layers", count)
     return count
 
 
 class JointLinear:
     """Packed linears that read the same input (q/k/v, gate/up) as one packed GEMM. Called, it returns each
     linear's output; `whole` returns them side by side in one tensor (what a fused pointwise kernel reads).
-    oneDNN computes every output column from its own weight row, so the results are bit-identical to the
-    separate packed calls (a test checks it); one call instead of several saves their fixed per-call cost
+    oneDNN and the native kernel compute every output column from its own weight row, so the results are
+    bit-identical to the separate packed calls (a test checks it); one call instead of several saves their fixed per-call cost
     at decode batch sizes."""
 
     def __init__(self, linears: tuple[nn.Module, ...]):
         self.widths = [int(m.weight.shape[0]) for m in linears]
         weight = torch.cat([m.weight.detach() for m in linears])
         self.bias = None if linears[0].bias is None else torch.cat([m.bias.detach() for m in linears])
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, BATCH_HINT)
-        del weight  # only the packed copy is kept (large inputs use each linear's own weight)
+        self.few_rows = native_linear(weight, self.bias)
+        self.packed = None if _native_covers(self.few_rows) else _onednn(weight, BATCH_HINT)
+        del weight  # only the packed copies are kept (large inputs use each linear's own weight)
         self.originals = [(m.weight.detach(), None if m.bias is None else m.bias.detach()) for m in linears]
-        self.few_rows = native_linear([w for w, _ in self.originals], self.bias)
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if _plain_is_faster(x):
@@ -102,7 +100,7 @@ class JointLinear:
     def whole(self, x: torch.Tensor) -> torch.Tensor:
         if self.few_rows is not None and _few_rows(x):
             return self.few_rows(x)
-        if _plain_is_faster(x):
+        if _plain_is_faster(x) or self.packed is None:
             return torch.cat([F.linear(x, w, b) for w, b in self.originals], dim=-1)
         return _pointwise(self.packed, self.bias, x)
 
@@ -149,33 +147,35 @@ def _plain_is_faster(x: torch.Tensor) -> bool:
     return x.dtype == torch.float32 and _rows(x) >= PACKED_MAX_ROWS
 
 
-def native_linear(weights: list[torch.Tensor], bias: torch.Tensor | None) -> Callable | None:
-    """`x → x @ [w_0; w_1; ...].T + bias` through the native kernel, for float32 inputs of few rows; None
-    where it does not apply (not built or switched off, not float32 weights on the CPU, an input width it
-    cannot take, a weight past NATIVE_MAX_WEIGHT)."""
+def native_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Callable | None:
+    """`x → x @ weight.T + bias` through the native kernel on a packed copy of `weight`, for float32 inputs
+    of up to NATIVE_MAX_ROWS rows; None where it does not apply (not built or switched off, not float32
+    weights on the CPU)."""
     kernels = native.weight_only_kernels()
-    fits = all(
-        w.dtype == torch.float32
-        and w.device.type == "cpu"
-        and w.is_contiguous()
-        and w.shape[1] % 32 == 0
-        and w.numel() <= NATIVE_MAX_WEIGHT
-        for w in weights
-    )
-    if kernels is None or not fits or len({w.shape[1] for w in weights}) != 1:
+    if kernels is None or weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
         return None
-    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+    if bias is not None and bias.dtype != torch.float32:
         return None
-    return functools.partial(_native, kernels.float_linear, weights, bias)
+    bias = None if bias is None else bias.contiguous()
+    return functools.partial(_native, kernels.float_linear, kernels.pack_float(weight), weight.shape[0], bias)
 
 
-def _native(kernel: Callable, weights: list[torch.Tensor], bias: torch.Tensor | None, x: torch.Tensor):
-    out = kernel(x.reshape(-1, x.shape[-1]).contiguous(), weights, bias)
-    return out.view(*x.shape[:-1], out.shape[-1])
+def _native_covers(few_rows: Callable | None) -> bool:
+    """Whether the native kernel takes every input that would otherwise go to oneDNN's packed copy."""
+    return few_rows is not None and NATIVE_MAX_ROWS >= PACKED_MAX_ROWS - 1
+
+
+def _onednn(weight: torch.Tensor, batch_hint: int) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint)
+
+
+def _native(kernel: Callable, panels: torch.Tensor, n: int, bias: torch.Tensor | None, x: torch.Tensor):
+    out = kernel(x.reshape(-1, x.shape[-1]).contiguous(), panels, n, bias)
+    return out.view(*x.shape[:-1], n)
 
 
 def _packed_linear(
-    packed: torch.Tensor,
+    packed: torch.Tensor | None,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     few_rows: Callable | None,
@@ -183,7 +183,7 @@ def _packed_linear(
 ) -> torch.Tensor:
     if few_rows is not None and _few_rows(x):
         return few_rows(x)
-    if _plain_is_faster(x):
+    if _plain_is_faster(x) or packed is None:
         return F.linear(x, weight, bias)
     return _pointwise(packed, bias, x)
 

@@ -1,15 +1,13 @@
 // Linears at decode batch sizes on AVX2 (built by native.py as their own library, so CPUs without AVX-512
-// have them too): out[r, n] = sum_k x[r, k] * w[n, k] (+ b[n]), float32 activations, the weight read row
-// by row in groups of 32 input columns:
-//   float32: the weight as it is (packed_linear.py routes a float32 linear's few-row calls here: oneDNN's
-//            GEMM, built for larger blocks of rows, takes 1.2-4x as long at 1-16 rows on an AVX2 EPYC).
+// have them too). Weight-only quantized ones here: out[r, n] = sum_k x[r, k] * w[n, k], float32
+// activations, the weight read row by row in groups of 32 input columns:
 //   4-bit:   w = q * d + m, q in 0..15, two per byte (byte j of a group: q[j] low nibble, q[j + 16] high),
 //            each group with its own float scale d and offset m; llama.cpp's Q4_1 (and Q4_0, m = -8d).
 //   8-bit:   w = q * d, q int8; llama.cpp's Q8_0.
 // A group's weights are loaded (and widened to float) once per block of up to kRows activation rows and
 // multiplied into each row's accumulators, so a lone sequence's step reads the weight once, and a quantized
 // one a quarter (8-bit) or an eighth (4-bit, plus the scales) of float32's bytes. Output features are split
-// across torch's threads.
+// across torch's threads. Float32 linears are float_gemm.cpp's (summed in oneDNN's order).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -17,8 +15,8 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
-#include <vector>
+
+#include "float_gemm.h"
 
 namespace {
 
@@ -70,15 +68,6 @@ struct Int8 {
   }
 };
 
-struct Float32 {
-  const float* w;  // [N, K]
-  int64_t k;
-  inline void group(int64_t n, int64_t g, __m256 v[4]) const {
-    const float* at = w + n * k + g * kGroup;
-    for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(at + 8 * i);
-  }
-};
-
 // out[r, n] (+ bias[n]) for rows r0 .. r0 + R and features n0 .. n1 of a row stride `n_out`, F features at
 // a time (independent chains for the FMA units: a lone row's step would otherwise wait on its accumulators'
 // latency).
@@ -113,28 +102,23 @@ void block(const W& weights, const float* x, float* out, int64_t k, int64_t n_ou
   if (n < n1) block<R, 1, A>(weights, x, out, k, n_out, r0, n, n1, bias);
 }
 
-// The features of `weights` (n of them) into columns of `out` (row stride n_out), rows in blocks of kRows.
-// Float32 weights sum each row in one order whatever the number of rows (one accumulator per row and
-// feature), so a row's result is the same alone and in any batch (greedy picks on a near tie do not move
-// with the batch); fewer rows take more features at a time instead, for independent FMA chains. The
-// quantized weights keep two accumulators below five rows (their results may differ by batch shape in the
-// last bits, as oneDNN's did).
+// The features of `weights` (n of them) into columns of `out` (row stride n_out), rows in blocks of kRows;
+// fewer rows take more features and two accumulators at a time, for independent FMA chains (their results
+// may differ by batch shape in the last bits, as oneDNN's did).
 template <typename W>
 void into(const W& weights, const float* x, int64_t rows, int64_t k, int64_t n, float* out, int64_t n_out,
           const float* bias) {
-  constexpr bool kOneOrder = std::is_same<W, Float32>::value;
-  constexpr int kFew = kOneOrder ? 1 : 2;  // accumulators per row and feature below five rows
   at::parallel_for(0, n, kGrain, [&](int64_t n0, int64_t n1) {
     int64_t r = 0;
     for (; r + kRows <= rows; r += kRows) block<kRows, 1, 1>(weights, x, out, k, n_out, r, n0, n1, bias);
-    switch (rows - r) {  // fewer rows: more features or accumulators at a time, for independent FMA chains
+    switch (rows - r) {
       case 7: block<7, 1, 1>(weights, x, out, k, n_out, r, n0, n1, bias); break;
       case 6: block<6, 1, 1>(weights, x, out, k, n_out, r, n0, n1, bias); break;
       case 5: block<5, 1, 1>(weights, x, out, k, n_out, r, n0, n1, bias); break;
-      case 4: block<4, kOneOrder ? 2 : 1, kFew>(weights, x, out, k, n_out, r, n0, n1, bias); break;
-      case 3: block<3, kOneOrder ? 2 : 1, kFew>(weights, x, out, k, n_out, r, n0, n1, bias); break;
-      case 2: block<2, kOneOrder ? 4 : 2, kFew>(weights, x, out, k, n_out, r, n0, n1, bias); break;
-      case 1: block<1, kOneOrder ? 4 : 2, kFew>(weights, x, out, k, n_out, r, n0, n1, bias); break;
+      case 4: block<4, 1, 2>(weights, x, out, k, n_out, r, n0, n1, bias); break;
+      case 3: block<3, 1, 2>(weights, x, out, k, n_out, r, n0, n1, bias); break;
+      case 2: block<2, 2, 2>(weights, x, out, k, n_out, r, n0, n1, bias); break;
+      case 1: block<1, 2, 2>(weights, x, out, k, n_out, r, n0, n1, bias); break;
       default: break;
     }
   });
@@ -174,38 +158,12 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor q, torch::Tensor d) {
   return linear(x, Int8{q.data_ptr<int8_t>(), d.data_ptr<float>(), k}, n, k);
 }
 
-// x @ [w_0; w_1; ...].T + bias: float32 weights [N_i, K] side by side in one output (a joint q/k/v or
-// gate/up GEMM without a joined copy of the weights).
-torch::Tensor float_linear(torch::Tensor x, std::vector<torch::Tensor> weights, c10::optional<torch::Tensor> bias) {
-  TORCH_CHECK(!weights.empty(), "float linear: no weights");
-  const int64_t k = weights[0].size(1);
-  check_x(x, k);
-  int64_t n_out = 0;
-  for (const auto& w : weights) {
-    TORCH_CHECK(w.scalar_type() == at::kFloat && w.dim() == 2 && w.size(1) == k && w.is_contiguous(),
-                "float linear: weights must be contiguous float32 [N, ", k, "]");
-    n_out += w.size(0);
-  }
-  const float* b = nullptr;
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n_out,
-                "float linear: bias must be contiguous float32 [", n_out, "]");
-    b = bias->data_ptr<float>();
-  }
-  auto out = torch::empty({x.size(0), n_out}, x.options());
-  int64_t at_column = 0;
-  for (const auto& w : weights) {
-    into(Float32{w.data_ptr<float>(), k}, x.data_ptr<float>(), x.size(0), k, w.size(0),
-         out.data_ptr<float>() + at_column, n_out, b ? b + at_column : nullptr);
-    at_column += w.size(0);
-  }
-  return out;
-}
-
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("float_linear", &float_linear, "x @ [W_0; W_1; ...].T + b for float32 weights");
+  m.def("pack_float", &float_gemm::pack, "float32 weights [N, K] as float_linear's panels");
+  m.def("float_linear", &float_gemm::linear, "x @ W.T + b for float32 weights packed by pack_float",
+        py::arg("x"), py::arg("panels"), py::arg("n"), py::arg("bias") = py::none());
   m.def("int4_linear", &int4_linear, "x @ W.T for 4-bit weights in groups of 32 (w = q * d + m)");
   m.def("int8_linear", &int8_linear, "x @ W.T for 8-bit weights in groups of 32 (w = q * d)");
 }
