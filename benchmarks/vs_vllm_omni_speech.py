@@ -51,6 +51,8 @@ PEER_PYTHON = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "
 SAMPLES_PER_FRAME = 1920  # both families: 24 kHz, 12.5 frames a second
 TTS = {"requests": 8, "frames": 40, "concurrency": [1, 4, 8]}
 OMNI = {"requests": 16, "concurrency": 8, "thinker_tokens": 24, "frames": 72}
+QUIET_LOAD = 1.0  # the 1-minute load average each contestant waits for (2 cores) ...
+SETTLE_S = 240.0  # ... at most this long: the last one's processes may still be exiting
 OMNI_COMPARED_FRAMES = 28  # vLLM-Omni's first two chunks (4 + 25 frames, less the tail): whole context
 
 
@@ -188,10 +190,20 @@ def codes_line(diffs: list[float]) -> str:
     return f"codes equal on {equal} of {len(diffs)} requests (waveform max |diff| {max(diffs):.1e})"
 
 
+def settle() -> None:
+    """Wait for the machine to go quiet before a contestant starts (a round's second contestant otherwise
+    starts while the first one's processes wind down: one run's round 2 started at load 4.1 and measured
+    1.6x its own round 1's first-audio time); bounded by SETTLE_S, and the load is printed either way."""
+    deadline = time.monotonic() + SETTLE_S
+    while os.getloadavg()[0] > QUIET_LOAD and time.monotonic() < deadline:
+        time.sleep(5)
+
+
 def contest(order: list[str], peer, ours) -> dict:
-    """Each side's result, run in `order`, the load printed as each starts."""
+    """Each side's result, run in `order` on a settled machine, the load printed as each starts."""
     got = {}
     for side in order:
+        settle()
         print(f"  {side} (load {os.getloadavg()[0]:.2f})", flush=True)
         got[side] = peer() if side == "vllm-omni" else ours()
     return got

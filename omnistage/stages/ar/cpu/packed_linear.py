@@ -80,8 +80,8 @@ class JointLinear:
     """Packed linears that read the same input (q/k/v, gate/up) as one packed GEMM. Called, it returns each
     linear's output; `whole` returns them side by side in one tensor (what a fused pointwise kernel reads).
     oneDNN and the native kernel compute every output column from its own weight row, so the results are
-    bit-identical to the separate packed calls (a test checks it); one call instead of several saves their fixed per-call cost
-    at decode batch sizes."""
+    bit-identical to the separate packed calls (a test checks it); one call instead of several saves their
+    fixed per-call cost at decode batch sizes."""
 
     def __init__(self, linears: tuple[nn.Module, ...]):
         self.widths = [int(m.weight.shape[0]) for m in linears]
