@@ -58,8 +58,8 @@ def packable_dtypes() -> set[torch.dtype]:
 
 
 def pack_linears(model: nn.Module, batch_hint: int = BATCH_HINT) -> int:
-    """Route every CPU `nn.Linear` under `model` whose dtype `packable_dtypes()` names through a
-    oneDNN-packed weight; returns how many."""
+    """Route every CPU `nn.Linear` under `model` whose dtype `packable_dtypes()` names through a packed
+    weight (the native kernel's and/or oneDNN's, see the module docstring); returns how many."""
     count, dtypes = 0, packable_dtypes()
     for module in model.modules():
         weight = getattr(module, "weight", None)
