@@ -68,12 +68,12 @@ struct Int8 {
   }
 };
 
-// out[r, n] (+ bias[n]) for rows r0 .. r0 + R and features n0 .. n1 of a row stride `n_out`, F features at
+// out[r, n] for rows r0 .. r0 + R and features n0 .. n1 of a row stride `n_out`, F features at
 // a time (independent chains for the FMA units: a lone row's step would otherwise wait on its accumulators'
 // latency).
 template <int R, int F, int A, typename W>
 void block(const W& weights, const float* x, float* out, int64_t k, int64_t n_out, int64_t r0, int64_t n0,
-           int64_t n1, const float* bias) {
+           int64_t n1) {
   const int64_t groups = k / kGroup;
   int64_t n = n0;
   for (; n + F <= n1; n += F) {
@@ -96,29 +96,28 @@ void block(const W& weights, const float* x, float* out, int64_t k, int64_t n_ou
       for (int r = 0; r < R; ++r) {
         __m256 sum = acc[f][r][0];
         for (int a = 1; a < A; ++a) sum = _mm256_add_ps(sum, acc[f][r][a]);
-        out[(r0 + r) * n_out + n + f] = bias ? hsum(sum) + bias[n + f] : hsum(sum);
+        out[(r0 + r) * n_out + n + f] = hsum(sum);
       }
   }
-  if (n < n1) block<R, 1, A>(weights, x, out, k, n_out, r0, n, n1, bias);
+  if (n < n1) block<R, 1, A>(weights, x, out, k, n_out, r0, n, n1);
 }
 
-// The features of `weights` (n of them) into columns of `out` (row stride n_out), rows in blocks of kRows;
+// x @ weights.T into `out` [rows, n], rows in blocks of kRows;
 // fewer rows take more features and two accumulators at a time, for independent FMA chains (their results
 // may differ by batch shape in the last bits, as oneDNN's did).
 template <typename W>
-void into(const W& weights, const float* x, int64_t rows, int64_t k, int64_t n, float* out, int64_t n_out,
-          const float* bias) {
+void into(const W& weights, const float* x, int64_t rows, int64_t k, int64_t n, float* out) {
   at::parallel_for(0, n, kGrain, [&](int64_t n0, int64_t n1) {
     int64_t r = 0;
-    for (; r + kRows <= rows; r += kRows) block<kRows, 1, 1>(weights, x, out, k, n_out, r, n0, n1, bias);
+    for (; r + kRows <= rows; r += kRows) block<kRows, 1, 1>(weights, x, out, k, n, r, n0, n1);
     switch (rows - r) {
-      case 7: block<7, 1, 1>(weights, x, out, k, n_out, r, n0, n1, bias); break;
-      case 6: block<6, 1, 1>(weights, x, out, k, n_out, r, n0, n1, bias); break;
-      case 5: block<5, 1, 1>(weights, x, out, k, n_out, r, n0, n1, bias); break;
-      case 4: block<4, 1, 2>(weights, x, out, k, n_out, r, n0, n1, bias); break;
-      case 3: block<3, 1, 2>(weights, x, out, k, n_out, r, n0, n1, bias); break;
-      case 2: block<2, 2, 2>(weights, x, out, k, n_out, r, n0, n1, bias); break;
-      case 1: block<1, 2, 2>(weights, x, out, k, n_out, r, n0, n1, bias); break;
+      case 7: block<7, 1, 1>(weights, x, out, k, n, r, n0, n1); break;
+      case 6: block<6, 1, 1>(weights, x, out, k, n, r, n0, n1); break;
+      case 5: block<5, 1, 1>(weights, x, out, k, n, r, n0, n1); break;
+      case 4: block<4, 1, 2>(weights, x, out, k, n, r, n0, n1); break;
+      case 3: block<3, 1, 2>(weights, x, out, k, n, r, n0, n1); break;
+      case 2: block<2, 2, 2>(weights, x, out, k, n, r, n0, n1); break;
+      case 1: block<1, 2, 2>(weights, x, out, k, n, r, n0, n1); break;
       default: break;
     }
   });
@@ -134,7 +133,7 @@ template <typename W>
 torch::Tensor linear(const torch::Tensor& x, const W& weights, int64_t n_out, int64_t k) {
   check_x(x, k);
   auto out = torch::empty({x.size(0), n_out}, x.options());
-  into(weights, x.data_ptr<float>(), x.size(0), k, n_out, out.data_ptr<float>(), n_out, nullptr);
+  into(weights, x.data_ptr<float>(), x.size(0), k, n_out, out.data_ptr<float>());
   return out;
 }
 
