@@ -124,6 +124,8 @@ def test_first_output_is_one_chunk_however_much_is_ready():
     assert all(o.audio.numel() == 9 * 2 for o in second) and len(second) == 2
     engine.add_chunk("streaming", {}, last=True)
     outs = first + second + drain(engine)
+    # the rest of an ended input: its whole chunks, then the tail alone (the spans of a stage that kept up)
+    assert [o.audio.numel() // 2 for o in outs if o.request_id == "complete"] == [3, 9, 6, 2]
     for rid in ("streaming", "complete"):
         assert torch.allclose(joined(outs, rid), vocoder.generate([codes], [None])[0], atol=1e-6)
 
@@ -201,8 +203,8 @@ def test_a_first_chunk_overtakes_a_pass_in_progress():
             )
         outs = drain(engine)  # their first chunks
         for rid in ("a", "b", "c"):
-            engine.add_chunk(rid, GenerationInputs(torch.arange(5, 11)), last=True)
-        outs.extend(engine.step())  # starts the catch-up pass of a, b, c
+            engine.add_chunk(rid, GenerationInputs(torch.arange(5, 10)), last=True)
+        outs.extend(engine.step())  # starts the catch-up pass of a, b, c (6 frames: whole chunks, no tail)
         order = [o.request_id for o in outs[3:]]
         engine.add_request(StageRequest("new", inputs=GenerationInputs(torch.arange(20, 22))))
         if abort:

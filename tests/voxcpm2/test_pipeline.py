@@ -67,19 +67,19 @@ def test_speech_and_cloned_voices_equal_reference_waveform(tmp_path) -> None:
             assert close(out.audio.reshape(-1), want), (text, options.keys())
 
 
+def vae_engine(**engine_args):
+    """The VAE stage's engine, async chunk, on the tiny checkpoint."""
+    deploy = StageDeploy(stage_id=1, async_chunk=True, max_num_seqs=8, engine_args=engine_args)
+    stage = StageSpec(1, "vae", "generation", final_output=True, output_modality="audio")
+    return create_engine(EngineContext(stage=stage, deploy=deploy, model_dir=str(tiny_voxcpm2_dir())))
+
+
 @pytest.mark.parametrize("left", ["stream", "exact"])
 def test_async_chunks_join_into_the_one_pass_waveform(left: str) -> None:
     """The VAE engine fed a request's patches a few at a time decodes each chunk continuing the request's
     stream (the default) or behind its exact left context: joined, the one-pass waveform within 1e-4 (two
     requests interleaved)."""
-    deploy = StageDeploy(
-        stage_id=1,
-        async_chunk=True,
-        max_num_seqs=8,
-        engine_args={"chunk_frames": 3, "first_chunk_frames": 1, "left_context_frames": left},
-    )
-    stage = StageSpec(1, "vae", "generation", final_output=True, output_modality="audio")
-    eng = create_engine(EngineContext(stage=stage, deploy=deploy, model_dir=str(tiny_voxcpm2_dir())))
+    eng = vae_engine(chunk_frames=3, first_chunk_frames=1, left_context_frames=left)
     assert eng.streams == (left == "stream") and (eng.left_context > 0) == (left == "exact")
     patches = [reference_latents(PROMPTS[i], SEEDS[i]) for i in (0, 1)]
     whole = [eng.generator.generate([p], [None])[0] for p in patches]
@@ -101,3 +101,32 @@ def test_async_chunks_join_into_the_one_pass_waveform(left: str) -> None:
             break
     for i in (0, 1):
         assert close(torch.cat(audio[f"r{i}"]), whole[i]), i
+
+
+def test_a_stage_that_fell_behind_streams_the_same_bits() -> None:
+    """The served chunking (a first patch, then 8 a pass): a request whose patches reach the VAE one at a time
+    and one whose last 19 arrive with its end (the stage fell behind) are decoded on the same grid, whole
+    chunks apart from the tail, and give the same bits (a 19-patch pass rounds ~2e-7 apart): the same
+    request speaks the same audio however busy the machine is."""
+    patches = reference_latents(PROMPTS[0], SEEDS[0])
+    assert len(patches) == 20
+
+    def joined(feeds: list[int]) -> tuple[torch.Tensor, list[int]]:
+        eng = vae_engine(chunk_frames=8, first_chunk_frames=1)
+        eng.add_request(StageRequest("r", inputs=GenerationInputs(patches[:1]), streaming_input=True))
+        fed, audio = 1, []
+        for _ in range(100):
+            if feeds:
+                new = patches[fed : fed + feeds.pop(0)]
+                fed += len(new)
+                eng.add_chunk("r", GenerationInputs(new), last=fed == len(patches))
+            outs = eng.step()
+            audio += [out.audio.reshape(-1) for out in outs]
+            if any(out.finished for out in outs):
+                break
+        return torch.cat(audio), [len(piece) // 80 for piece in audio]
+
+    kept_up, kept_up_spans = joined([1] * 19)
+    behind, behind_spans = joined([19])
+    assert kept_up_spans == [1, 8, 8, 3] and behind_spans == [1, 16, 3]
+    assert torch.equal(kept_up, behind)

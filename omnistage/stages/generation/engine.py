@@ -3,7 +3,11 @@
 A request's input (codes) may arrive whole (full handoff: one pass at the end) or in chunks (async chunk:
 a pass per `chunk_size` new frames). A chunk is decoded with `left_context` earlier frames and
 `right_context` later ones as context, and only its own span of the output is emitted, so the joined
-output stays close to a one-pass decode while audio starts long before the input is complete.
+output stays close to a one-pass decode while audio starts long before the input is complete. A stage
+that fell behind decodes several whole chunks in one span (up to `max_chunk_size`), but the spans end where
+they would have had it kept up (the first chunk, whole chunks, the tail alone): where whole chunks decode
+the same together as apart (VoxCPM2's streaming VAE, tests/voxcpm2), a request's audio does not depend on the
+stage's timing.
 
 A request's inputs are a `GenerationInputs` (generation_inputs.py).
 
@@ -339,7 +343,11 @@ class GenerationEngine:
                 return start, start
             if self.chunk_size is None:
                 return start, start + pending
-            return start, start + min(pending, self._span_cap(state))
+            cap = self._span_cap(state)
+            # whole chunks before the tail, as if the stage had kept up: a pass's rounding depends on its
+            # span, so a stage that lagged at the end must not join the tail to them (same audio)
+            whole = pending // self.chunk_size * self.chunk_size
+            return start, start + min(whole or pending, cap)
         if self.chunk_size is None:
             return None
         if state.fresh:
