@@ -18,6 +18,7 @@ from omnistage.stages.ar.cpu.packed_linear import (
     _is_packed,
     _packed_linear,
     native_linear,
+    onednn_blocks,
     pack_linears,
 )
 from omnistage.stages.ar.loader import cpu_has_native
@@ -26,8 +27,6 @@ from tests.ar.ar_helpers import make_engine, run, use_pointwise
 from tests.ar.test_greedy import workload
 
 pytestmark = pytest.mark.engine
-# the native float32 kernel sums in the order of oneDNN's AVX2 GEMM (csrc/weight_only/float_gemm.cpp)
-ONEDNN_ORDER = torch.backends.cpu.get_cpu_capability() == "AVX2"
 
 
 def recorded(decoder, log: list[torch.Tensor]):
@@ -71,10 +70,10 @@ def test_lean_decoder_equals_the_models_forward(arch: str, pointwise: str) -> No
 
 def test_fused_packed_linears_equal_the_separate_ones() -> None:
     """q/k/v (and gate/up) through one joint GEMM give exactly what each linear's own weight gives through
-    the same kernel (the native one up to NATIVE_MAX_ROWS, where built; oneDNN's packed one up to a long
-    prefill, whose inputs take each linear's own weight through the plain GEMM); the linears' forwards
-    (the model's own path) take their part of it. Where the native kernel's order is oneDNN's (AVX2), every
-    packed result equals oneDNN's bit for bit."""
+    the same kernel (the native one up to NATIVE_MAX_ROWS, where built; oneDNN's packed one above, a long
+    prefill's too unless no oneDNN copy is kept: then each linear's own weight through the plain GEMM); the
+    linears' forwards
+    (the model's own path) take their part of it, and every packed result equals oneDNN's bit for bit."""
     engine = make_engine("qwen2")  # its lean decoder has fused every layer's q/k/v and gate/up
     layer = engine.model.decoder.layers[0]
     groups = [
@@ -99,10 +98,9 @@ def test_fused_packed_linears_equal_the_separate_ones() -> None:
                     onednn = _packed_linear(alone, weight, linear.bias, None, x)
                     if rows <= NATIVE_MAX_ROWS and few_rows is not None:
                         assert torch.equal(part, few_rows(x))
-                        if ONEDNN_ORDER:
-                            assert torch.equal(part, onednn)
-                    elif rows < PACKED_MAX_ROWS:
                         assert torch.equal(part, onednn)
+                    elif rows < PACKED_MAX_ROWS or joint.packed is not None:
+                        assert torch.equal(part, onednn)  # a long prefill too, where oneDNN's copy is kept
                     else:
                         assert torch.equal(part, torch.nn.functional.linear(x, weight, linear.bias))
 
@@ -110,20 +108,31 @@ def test_fused_packed_linears_equal_the_separate_ones() -> None:
 @pytest.mark.skipif(native.weight_only_kernels() is None, reason="the native kernels need an AVX2 CPU")
 def test_native_float32_linears_sum_as_onednn_does() -> None:
     """Below a long prefill a packed float32 linear takes the native kernel: x @ W.T + b to float32 rounding
-    (float64 reference), each row's result the same alone as in the batch, for every row tile (4 at a time,
-    then 3..1), an output width not a multiple of its 8 lanes, and input widths across oneDNN's blocks of
-    1024 (one, two, three and a part); on an AVX2 CPU bit for bit what oneDNN's packed GEMM gives, bias or
-    not, on one thread or two."""
+    (float64 reference) and bit for bit what oneDNN's packed GEMM gives on this CPU, bias or not, on one
+    thread or two, for every row tile (4 at a time, then 3..1), an output width not a multiple of its 8
+    lanes, and input widths across oneDNN's blocks (one, two, three and a part of 1024; 512's); a row's
+    result is the same alone as in the batch wherever oneDNN sums one row as it sums several (on AVX2
+    always). The blocks it found are those measured: 1024 on AVX2; on an AVX-512 Zen 4 the whole of K up to
+    512, then 512 (one row) and 512 / 1024 (more rows, K up to / over 1024)."""
     gen = torch.Generator().manual_seed(0)
     kernels = native.weight_only_kernels()
     threads = torch.get_num_threads()
+    capability = torch.backends.cpu.get_cpu_capability()
+    shapes = ((40, 8), (96, 77), (700, 24), (1024, 24), (2100, 96), (3072, 72), (2100, 13))
     try:
-        for k, n in ((40, 8), (96, 77), (1024, 24), (2100, 13), (3072, 9)):
+        for k, n in shapes:
             layer = torch.nn.Linear(k, n)
             torch.nn.init.normal_(layer.weight, generator=gen)
             torch.nn.init.normal_(layer.bias, generator=gen)
             onednn = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), BATCH_HINT)
             assert pack_linears(layer) == 1
+            blocks = onednn_blocks(k)
+            native_here = native_linear(layer.weight.detach(), layer.bias) is not None
+            assert native_here == (n > 64 or k <= 1024)  # narrow and long: oneDNN's own
+            if capability == "AVX2":
+                assert blocks == (1024, 1024)
+            elif capability == "AVX512" and k > 512:  # the Zen 4's; other AVX-512 CPUs may differ
+                assert blocks in ((512, 512 if k <= 1024 else 1024), None)
             for rows in (*range(1, 10), 16, 37, PACKED_MAX_ROWS - 1):
                 x = torch.randn(rows, k, generator=gen)
                 for num_threads in (1, 2):
@@ -134,10 +143,9 @@ def test_native_float32_linears_sum_as_onednn_does() -> None:
                         want = torch.ops.mkldnn._linear_pointwise(x, onednn, layer.bias, "none", [], "")
                     exact = (x.double() @ layer.weight.double().T + layer.bias.double()).float()
                     assert (got - exact).abs().max().item() <= 1e-5 * exact.abs().max().item(), (k, rows)
-                    if rows <= NATIVE_MAX_ROWS:
+                    assert torch.equal(got, want), (k, n, rows, num_threads)
+                    if native_here and rows <= NATIVE_MAX_ROWS and blocks[0] == blocks[1]:
                         assert torch.equal(got, alone), (k, rows)
-                        if ONEDNN_ORDER:
-                            assert torch.equal(got, want), (k, rows, num_threads)
     finally:
         torch.set_num_threads(threads)
     weights = [torch.randn(m, 64, generator=gen) for m in (5, 9, 3)]
@@ -147,9 +155,11 @@ def test_native_float32_linears_sum_as_onednn_does() -> None:
     separate = [native_linear(w, b)(x) for w, b in zip(weights, bias.split([5, 9, 3]), strict=True)]
     assert torch.equal(joint, torch.cat(separate, dim=-1))
     with pytest.raises(RuntimeError, match="packed by pack_float"):
-        kernels.float_linear(x, weights[0], 5)
+        kernels.float_linear(x, weights[0], 5, None, 1024)
     with pytest.raises(RuntimeError, match="contiguous float32"):
-        kernels.float_linear(x[:, :32], kernels.pack_float(weights[0]), 5)
+        kernels.float_linear(x[:, :32], kernels.pack_float(weights[0]), 5, None, 1024)
+    with pytest.raises(RuntimeError, match="block_k"):
+        kernels.float_linear(x, kernels.pack_float(weights[0]), 5, None, 48)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

@@ -9,18 +9,23 @@ Weights changed after packing are not seen: pack after loading, never while trai
 
 float32 weights are packed everywhere; bf16/fp16 ones where the CPU computes that type natively
 (AVX512-BF16/AMX: on 2 such cores a bf16 GEMM at 32 rows runs 1.3-2x faster packed, 768->32000 1.56 ms
-against 3.25 ms). In float32, from `PACKED_MAX_ROWS` rows on (a long prefill) the plain GEMM on the
-original weight is the faster one again (1024 rows on 2 AVX2 cores: 169-182 against 152-155 GFLOP/s), so
-large float32 inputs take it; packed bf16 stays ahead at every size measured (1024 rows: 1.1-1.4x).
+against 3.25 ms). Packed bf16 stays ahead at every size measured (1024 rows: 1.1-1.4x). In float32 a long
+prefill (`PACKED_MAX_ROWS` rows on) takes oneDNN's packed copy too, as vLLM's CPU GEMM does at every size:
+the plain GEMM rounds otherwise (on an AVX-512 Zen 4, Qwen3-TTS prefills batched past 256 rows changed one
+request's codes against vLLM-Omni's at c=8) though it is a little faster there (1024 rows on 2 AVX2 cores:
+169-182 against 152-155 GFLOP/s). Only where no oneDNN copy is kept (AVX2, below) does it take the plain
+GEMM on the original weight.
 
 Below a long prefill's rows a float32 linear computes through the native kernel (csrc/weight_only/
 float_gemm.cpp, `float_linear`) on its own packed copy of the weight, where it is built: it sums exactly as
-oneDNN's packed GEMM does on an AVX2 CPU (bit for bit, tested), so greedy tokens stay the ones a oneDNN
-server picks even on a near tie (vLLM-Omni's CPU GEMM is oneDNN's), and a row's result does not depend on
-the batch around it; it runs 1.5-5x faster at 1-16 rows (a Qwen3-Omni talker step of 8 sequences, its code
-predictor's 15 passes of small linears: 35 -> 25 ms), 1.0-1.3x at 17-128 rows and 0.9x at 255 (2 AVX2 EPYC
-cores). There it replaces the oneDNN copy outright (`NATIVE_MAX_ROWS`); on an AVX-512 CPU, where it was
-not measured against oneDNN's wider kernels, it takes up to 16 rows and oneDNN the rest.
+oneDNN's packed GEMM does on this CPU (bit for bit, tested; the k blocks oneDNN sums in differ between CPUs
+and row counts, so `onednn_blocks` finds them by trying), so greedy tokens stay the ones a oneDNN server
+picks even on a near tie (vLLM-Omni's CPU GEMM is oneDNN's); where oneDNN sums one row as it sums several
+(on AVX2 always) a row's result does not depend on the batch around it either. It runs 1.5-5x faster at
+1-16 rows (a Qwen3-Omni talker step of 8 sequences, its code predictor's 15 passes of small linears: 35 ->
+25 ms), 1.0-1.3x at 17-128 rows and 0.9x at 255 on 2 AVX2 EPYC cores, where it replaces the oneDNN copy
+outright (`NATIVE_MAX_ROWS`); on an AVX-512 Zen 4, 1.2-1.4x at one row and 1.3-2.9x at 2-8, 1.0-1.3x at
+16, it takes up to 16 rows and oneDNN the rest.
 `OMNISTAGE_NATIVE_KERNELS=0` (or no build) keeps every call on oneDNN.
 """
 
@@ -46,9 +51,11 @@ def packing_available() -> bool:
 
 
 BATCH_HINT = 32  # rows the packed layout is tuned for
-PACKED_MAX_ROWS = 256  # inputs with at least this many rows use the original weight
+PACKED_MAX_ROWS = 256  # float32 inputs this long take the original weight where no oneDNN copy is kept
 # float32 inputs with at most this many rows use the native kernel (module docstring)
 NATIVE_MAX_ROWS = PACKED_MAX_ROWS - 1 if torch.backends.cpu.get_cpu_capability() == "AVX2" else 16
+PROBE_OUTPUTS = 96  # the output width `onednn_blocks` tries its blocks on
+SPLIT_MAX_OUTPUTS = 64  # linears this narrow with K over 1024 stay on oneDNN (`native_linear`)
 Joint = Callable[[torch.Tensor], tuple[torch.Tensor, ...]]  # one input → each fused linear's output
 
 
@@ -93,14 +100,14 @@ class JointLinear:
         self.originals = [(m.weight.detach(), None if m.bias is None else m.bias.detach()) for m in linears]
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if _plain_is_faster(x):
+        if self.packed is None and _plain_is_faster(x):
             return tuple(F.linear(x, w, b) for w, b in self.originals)
         return self.whole(x).split(self.widths, dim=-1)
 
     def whole(self, x: torch.Tensor) -> torch.Tensor:
         if self.few_rows is not None and _few_rows(x):
             return self.few_rows(x)
-        if _plain_is_faster(x) or self.packed is None:
+        if self.packed is None:
             return torch.cat([F.linear(x, w, b) for w, b in self.originals], dim=-1)
         return _pointwise(self.packed, self.bias, x)
 
@@ -143,7 +150,7 @@ def _few_rows(x: torch.Tensor) -> bool:
 
 
 def _plain_is_faster(x: torch.Tensor) -> bool:
-    """A long float32 input (see the module docstring)."""
+    """A long float32 input, where no oneDNN copy is kept (see the module docstring)."""
     return x.dtype == torch.float32 and _rows(x) >= PACKED_MAX_ROWS
 
 
@@ -156,8 +163,14 @@ def native_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Callable |
         return None
     if bias is not None and bias.dtype != torch.float32:
         return None
+    n, k = weight.shape
+    if n <= SPLIT_MAX_OUTPUTS and k > 1024:
+        return None  # oneDNN may split a single row's k across threads (seen on AVX-512): no block is that
+    blocks = onednn_blocks(k)
+    if blocks is None:
+        return None
     bias = None if bias is None else bias.contiguous()
-    return functools.partial(_native, kernels.float_linear, kernels.pack_float(weight), weight.shape[0], bias)
+    return functools.partial(_native, kernels.float_linear, kernels.pack_float(weight), n, bias, blocks)
 
 
 def _native_covers(few_rows: Callable | None) -> bool:
@@ -169,8 +182,54 @@ def _onednn(weight: torch.Tensor, batch_hint: int) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint)
 
 
-def _native(kernel: Callable, panels: torch.Tensor, n: int, bias: torch.Tensor | None, x: torch.Tensor):
-    out = kernel(x.reshape(-1, x.shape[-1]).contiguous(), panels, n, bias)
+def onednn_blocks(k: int) -> tuple[int, int] | None:
+    """The k blocks in which oneDNN's packed float32 GEMM (packed for BATCH_HINT rows) sums inputs `k` wide
+    on this CPU, for one row and for more (float_gemm.cpp): found by computing random inputs both ways with
+    each candidate block, because oneDNN's choice depends on the CPU (AVX2: 1024 k; an AVX-512 Zen 4: the
+    whole of K up to 512, then 512, and 1024 from 1024 on for two rows or more). None where no candidate
+    gives oneDNN's bits: such linears stay on oneDNN."""
+    return _blocks_found(k, torch.get_num_threads())
+
+
+@functools.cache
+def _blocks_found(k: int, threads: int) -> tuple[int, int] | None:
+    kernels = native.weight_only_kernels()
+    gen = torch.Generator().manual_seed(k)
+    weight = torch.randn(PROBE_OUTPUTS, k, generator=gen)
+    onednn, panels = _onednn(weight, BATCH_HINT), kernels.pack_float(weight)
+    found = []
+    for rows in ((1,), (2, 5, NATIVE_MAX_ROWS)):
+        inputs = [torch.randn(r, k, generator=gen) for r in rows]
+        wants = [torch.ops.mkldnn._linear_pointwise(x, onednn, None, "none", [], "") for x in inputs]
+        blocks = [b for b in (1024, 512, max(k, 1)) if b % 256 == 0 or b >= k]
+        block = next(
+            (
+                b
+                for b in blocks
+                if all(
+                    torch.equal(kernels.float_linear(x, panels, PROBE_OUTPUTS, None, b), want)
+                    for x, want in zip(inputs, wants, strict=True)
+                )
+            ),
+            None,
+        )
+        if block is None:
+            logger.info("no native float32 block sums as oneDNN does for K=%d here: oneDNN computes it", k)
+            return None
+        found.append(block)
+    return found[0], found[1]
+
+
+def _native(
+    kernel: Callable,
+    panels: torch.Tensor,
+    n: int,
+    bias: torch.Tensor | None,
+    blocks: tuple[int, int],
+    x: torch.Tensor,
+):
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    out = kernel(x2, panels, n, bias, blocks[0] if x2.shape[0] == 1 else blocks[1])
     return out.view(*x.shape[:-1], n)
 
 
@@ -183,7 +242,7 @@ def _packed_linear(
 ) -> torch.Tensor:
     if few_rows is not None and _few_rows(x):
         return few_rows(x)
-    if _plain_is_faster(x) or packed is None:
+    if packed is None:
         return F.linear(x, weight, bias)
     return _pointwise(packed, bias, x)
 

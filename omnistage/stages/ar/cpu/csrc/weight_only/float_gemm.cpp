@@ -1,13 +1,14 @@
-// Float32 linears on AVX2 that round exactly as oneDNN's packed GEMM does here, and run faster than it at a
+// Float32 linears that round exactly as oneDNN's packed GEMM does on this CPU, and run faster than it at a
 // decode step's rows (packed_linear.py routes float32 linears below a long prefill's rows here).
 //
 // Why oneDNN's order: a greedy pick on a near tie follows the last bits of the logits, so two servers agree
-// token for token only if their sums round alike; vLLM(-Omni)'s CPU GEMM is oneDNN's. oneDNN's AVX2 float32
-// GEMM computes each output as one FMA chain over k in order, in blocks of 1024 k: each block's chain starts
-// at zero and the blocks are added into the output in order, then the bias (checked bit for bit against
-// torch.ops.mkldnn._linear_pointwise at 1..255 rows, K 100..7000, 1 and 2 threads). This kernel does the
-// same: eight output features a vector (the weight packed as panels [ceil(N/8), K, 8]), each row's x[k]
-// broadcast, so a row's result does not depend on the other rows in the batch either.
+// token for token only if their sums round alike; vLLM(-Omni)'s CPU GEMM is oneDNN's. oneDNN's float32 GEMM
+// computes each output as one FMA chain over k in order, in blocks of `block_k`: each block's chain starts
+// at zero and the blocks are added into the output in order, then the bias. The block depends on the CPU,
+// the rows and K (packed_linear.py's `onednn_order`: 1024 on AVX2; checked bit for bit against
+// torch.ops.mkldnn._linear_pointwise). This kernel does the same: eight output features a vector (the
+// weight packed as panels [ceil(N/8), K, 8]), each row's x[k] broadcast, so a row's result does not depend
+// on the other rows in the batch either, for a given block.
 //
 // Tiles of up to 4 rows x 3 panels (12 accumulators, the FMA units' latency covered) walk k in chunks of
 // 256 that stay in L1 across the row tiles; accumulators carry between chunks through memory (a float
@@ -25,9 +26,8 @@
 namespace float_gemm {
 namespace {
 
-constexpr int64_t kLanes = 8;      // output features per vector
-constexpr int64_t kBlockK = 1024;  // oneDNN's k block (see above)
-constexpr int64_t kChunkK = 256;   // k per pass over a tile
+constexpr int64_t kLanes = 8;     // output features per vector
+constexpr int64_t kChunkK = 256;  // k per pass over a tile
 constexpr int64_t kGrainFma = 1 << 16;  // multiply-adds a thread takes at least
 
 // c[r][b][lane] += sum over k0 <= k < k1 of xt[k][r] * panel_b[k][lane], in k order; `fresh` starts c at zero.
@@ -91,7 +91,7 @@ torch::Tensor pack(const torch::Tensor& w) {
 }
 
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& panels, int64_t n,
-                     const c10::optional<torch::Tensor>& bias) {
+                     const c10::optional<torch::Tensor>& bias, int64_t block_k) {
   TORCH_CHECK(panels.scalar_type() == at::kFloat && panels.dim() == 3 && panels.size(2) == kLanes &&
                   panels.is_contiguous() && panels.size(0) == (n + kLanes - 1) / kLanes,
               "float linear: weights must be packed by pack_float");
@@ -104,6 +104,8 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& panels, int64_
                 "float linear: bias must be contiguous float32 [", n, "]");
     b = bias->data_ptr<float>();
   }
+  TORCH_CHECK(block_k > 0 && (block_k % kChunkK == 0 || block_k >= k),
+              "float linear: block_k must be a multiple of ", kChunkK, " or at least K");
   const int64_t rows = x.size(0);
   auto out = torch::empty({rows, n}, x.options());
   if (rows == 0 || n == 0) return out;
@@ -122,8 +124,8 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& panels, int64_
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t p0 = g * group, np = std::min(group, n_panels - p0);
       const float* panel = pp + p0 * k * kLanes;
-      for (int64_t kb = 0; kb < k; kb += kBlockK) {
-        const int64_t kb_end = std::min(k, kb + kBlockK);
+      for (int64_t kb = 0; kb < k; kb += block_k) {
+        const int64_t kb_end = std::min(k, kb + block_k);
         float* into = kb == 0 ? total : block;
         for (int64_t k0 = kb; k0 < kb_end; k0 += kChunkK) {
           const int64_t k1 = std::min(kb_end, k0 + kChunkK);

@@ -162,7 +162,7 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor q, torch::Tensor d) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_float", &float_gemm::pack, "float32 weights [N, K] as float_linear's panels");
   m.def("float_linear", &float_gemm::linear, "x @ W.T + b for float32 weights packed by pack_float",
-        py::arg("x"), py::arg("panels"), py::arg("n"), py::arg("bias") = py::none());
+        py::arg("x"), py::arg("panels"), py::arg("n"), py::arg("bias"), py::arg("block_k"));
   m.def("int4_linear", &int4_linear, "x @ W.T for 4-bit weights in groups of 32 (w = q * d + m)");
   m.def("int8_linear", &int8_linear, "x @ W.T for 8-bit weights in groups of 32 (w = q * d)");
 }
