@@ -201,23 +201,19 @@ def _blocks_found(k: int, threads: int) -> tuple[int, int] | None:
     for rows in ((1,), (2, 5, NATIVE_MAX_ROWS)):
         inputs = [torch.randn(r, k, generator=gen) for r in rows]
         wants = [torch.ops.mkldnn._linear_pointwise(x, onednn, None, "none", [], "") for x in inputs]
-        blocks = [b for b in (1024, 512, max(k, 1)) if b % 256 == 0 or b >= k]
-        block = next(
-            (
-                b
-                for b in blocks
-                if all(
-                    torch.equal(kernels.float_linear(x, panels, PROBE_OUTPUTS, None, b), want)
-                    for x, want in zip(inputs, wants, strict=True)
-                )
-            ),
-            None,
-        )
+        candidates = [b for b in (1024, 512, max(k, 1)) if b % 256 == 0 or b >= k]
+        block = next((b for b in candidates if _sums_as(kernels, panels, b, inputs, wants)), None)
         if block is None:
             logger.info("no native float32 block sums as oneDNN does for K=%d here: oneDNN computes it", k)
             return None
         found.append(block)
     return found[0], found[1]
+
+
+def _sums_as(kernels, panels: torch.Tensor, block: int, inputs: list, wants: list) -> bool:
+    """Whether the native kernel with `block` gives oneDNN's bits (`wants`) for every input."""
+    got = (kernels.float_linear(x, panels, PROBE_OUTPUTS, None, block) for x in inputs)
+    return all(map(torch.equal, got, wants))
 
 
 def _native(

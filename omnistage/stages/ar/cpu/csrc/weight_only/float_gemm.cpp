@@ -5,7 +5,7 @@
 // token for token only if their sums round alike; vLLM(-Omni)'s CPU GEMM is oneDNN's. oneDNN's float32 GEMM
 // computes each output as one FMA chain over k in order, in blocks of `block_k`: each block's chain starts
 // at zero and the blocks are added into the output in order, then the bias. The block depends on the CPU,
-// the rows and K (packed_linear.py's `onednn_order`: 1024 on AVX2; checked bit for bit against
+// the rows and K (packed_linear.py's `onednn_blocks` finds it: 1024 on AVX2; checked bit for bit against
 // torch.ops.mkldnn._linear_pointwise). This kernel does the same: eight output features a vector (the
 // weight packed as panels [ceil(N/8), K, 8]), each row's x[k] broadcast, so a row's result does not depend
 // on the other rows in the batch either, for a given block.
