@@ -75,7 +75,7 @@ class StageOutput(msgspec.Struct):
     prompt_token_ids: list[int] | None = None  # sent with a request's first output
     num_cached_tokens: int | None = None
     choice: Choice | None = None
-    stop_reason: str | None = None  # the stop string that ended the text, if any
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended the sequence
     token_counts: TokenCounts | None = None  # sent with a request's first output, when the stage counts
     metrics: dict[str, Any] = msgspec.field(default_factory=dict)
     tensors: dict[str, Any] = msgspec.field(default_factory=dict)
@@ -150,7 +150,7 @@ class StageResult(msgspec.Struct):
     prompt_token_ids: list[int] | None = None
     num_cached_tokens: int | None = None
     choice: Choice | None = None
-    stop_reason: str | None = None
+    stop_reason: str | int | None = None
     token_counts: TokenCounts | None = None
     metrics: dict[str, Any] = msgspec.field(default_factory=dict)
     chunks: dict[str, list[Any]] = msgspec.field(default_factory=dict)  # the family's `tensors`

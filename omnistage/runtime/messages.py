@@ -8,6 +8,7 @@ Nothing is pickled.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from typing import Any
 
@@ -164,6 +165,44 @@ class Codec:
                 return handle
             return fetch(ref) if is_tcp_key(ref.key) else self.reader.get(ref)
         raise ValueError(f"unknown payload extension {code}")
+
+
+@dataclasses.dataclass
+class Unreadable:
+    """What a message that does not fit its schema still tells (a sender put a value of a type its message
+    does not declare): its plain fields, so the receiver can fail the requests it names, and the
+    shared-memory payloads it references, so they can be freed; nothing waits for a message never read."""
+
+    fields: Any
+    segments: list[TensorRef]
+    error: Exception
+
+    @property
+    def request_ids(self) -> list[str]:
+        """The requests the message is about: its own `request_id`(s), or those of its output items."""
+        fields = self.fields if isinstance(self.fields, dict) else {}
+        named = [fields.get("request_id")] + list(fields.get("request_ids") or [])
+        for key in ("items", "chunk"):
+            items = fields.get(key)
+            for item in items if isinstance(items, list) else [items]:
+                if isinstance(item, dict):
+                    named.append(item.get("request_id"))
+        return list(dict.fromkeys(r for r in named if isinstance(r, str)))
+
+
+def salvage(data: bytes | memoryview, error: Exception) -> Unreadable:
+    """Read an undecodable message without its schema: plain fields (payloads as None) and its segments."""
+    segments: list[TensorRef] = []
+
+    def hook(code: int, raw: memoryview) -> None:
+        if code == SHM_EXT:
+            segments.append(_HEADER_DEC.decode(raw))
+
+    try:
+        fields = msgspec.msgpack.decode(data, ext_hook=hook)
+    except (msgspec.DecodeError, ValueError):  # not msgpack at all: nothing to salvage
+        fields = None
+    return Unreadable(fields, segments, error)
 
 
 def iter_payloads(obj: Any, values: bool = False):

@@ -44,7 +44,9 @@ from omnistage.runtime.messages import (
     Ready,
     StartRequest,
     StartupFailed,
+    Unreadable,
     iter_payloads,
+    salvage,
 )
 from omnistage.runtime.ray_client import connect_ray, driver_ip, import_ray
 from omnistage.runtime.request_state import RequestState, RequestStatus
@@ -215,10 +217,32 @@ class Orchestrator:
                 return
             try:
                 msg = self.codec.decode(frame.buffer)
-            except Exception:
+            except Exception as exc:
                 logger.exception("undecodable message from a stage")
+                self._on_unreadable(salvage(frame.buffer, exc))
                 continue
             self._on_message(msg)
+
+    def _on_unreadable(self, msg: Unreadable) -> None:
+        """A stage's message that does not fit its schema: the requests (or the call) it was about fail with
+        the reason, and its payloads are freed; dropped alone, its requests would wait forever."""
+        for ref in msg.segments:
+            release(ref.key)
+        fields = msg.fields if isinstance(msg.fields, dict) else {}
+        sid = fields.get("stage_id")
+        name = self.pipeline.stage(sid).name if sid in self.pools else None
+
+        def error() -> StageError:
+            reason = f"it sent a message the server cannot read ({msg.error})"
+            return StageError(reason, stage_id=sid, stage_name=name, exc_type=type(msg.error).__name__)
+
+        for rid in msg.request_ids:
+            rs = self.requests.get(rid)
+            if rs is not None:
+                self._fail(rs, error())
+        fut = self._calls.pop(fields.get("call_id"), None) if fields.get("type") == "CallResult" else None
+        if fut is not None and not fut.done():
+            fut.set_exception(error())
 
     def _on_message(self, msg: Any) -> None:
         if isinstance(msg, Outputs):

@@ -9,7 +9,6 @@ inbox is a ZMQ socket. Only the `Inbox` and the `send` function differ.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import faulthandler
 import logging
 import os
@@ -37,6 +36,8 @@ from omnistage.runtime.messages import (
     StartRequest,
     StartupFailed,
     ToWorker,
+    Unreadable,
+    salvage,
 )
 from omnistage.runtime.stage_board import BoardSeat
 from omnistage.stages.base import EngineContext, StageInputContext, StageRequest
@@ -266,9 +267,12 @@ def serve_stage(
 
     def deliver() -> None:
         for msg in inbox.take():
-            if isinstance(msg, PayloadGone):
-                if msg.request_id is not None:
-                    send(Outputs(sid, replica, [error_output(msg.request_id, msg.error)]))
+            if isinstance(msg, Unreadable):  # fail what it was about; the rest goes on
+                send(Outputs(sid, replica, [error_output(rid, msg.error) for rid in msg.request_ids]))
+                fields = msg.fields if isinstance(msg.fields, dict) else {}
+                if isinstance(fields.get("call_id"), int):
+                    error = f"{type(msg.error).__name__}: {msg.error}"
+                    send(CallResult(sid, replica, fields["call_id"], error=error))
                 continue
             if not isinstance(msg, Call):
                 worker.handle(msg)
@@ -307,22 +311,6 @@ def apply_devices(deploy: StageDeploy) -> str:
 
 
 # ---- subprocess entry point --------------------------------------------------------------------------
-@dataclasses.dataclass
-class PayloadGone:
-    """An inbox message that could not be read because a shared-memory payload of it no longer exists."""
-
-    request_id: str | None
-    error: FileNotFoundError
-
-
-def _request_id(frame: Any) -> str | None:
-    """The request a message is about, read without its payloads (None if it names none)."""
-    try:
-        return getattr(msgspec.msgpack.Decoder(ToWorker).decode(frame), "request_id", None)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
-
-
 class _SocketInbox:
     """A ZMQ PULL socket as an inbox; a held delivery (a multipart message) is read part by part."""
 
@@ -350,7 +338,10 @@ class _SocketInbox:
                 # such a request finds a segment gone. It fails that request alone (the orchestrator
                 # ignores outputs of requests that have ended), and the stage serves the rest.
                 logger.warning("a message whose payload is gone (its request has ended?): %s", exc)
-                msgs.append(PayloadGone(_request_id(raw.buffer), exc))
+                msgs.append(salvage(raw.buffer, exc))
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:  # a sender broke the schema
+                logger.error("an unreadable message (its request fails): %s", exc)
+                msgs.append(salvage(raw.buffer, exc))
 
 
 def _stop(signum: int, frame: Any) -> None:

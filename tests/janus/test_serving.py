@@ -122,6 +122,20 @@ def test_chat_about_an_image_answers_the_reference_text(client: OpenAI) -> None:
     assert reply.usage.completion_tokens == len(want)
 
 
+def test_a_text_answer_ends_at_the_lms_eos_unless_the_request_ignores_it(client: OpenAI) -> None:
+    """The LM's EOS ends a text answer (a stop token: Janus's engine EOS is none, as images have no end
+    marker); `ignore_eos` writes past it to `max_tokens`, as on every other model."""
+    asked = {"model": model(), "messages": [{"role": "user", "content": "tell me a long story"}]}
+    plain = client.chat.completions.create(**asked, max_tokens=1000, seed=3)  # a seed whose answer ends
+    ended = plain.usage.completion_tokens
+    assert plain.choices[0].finish_reason == "stop" and ended < 1000
+    ignored = client.chat.completions.create(
+        **asked, max_tokens=ended + 20, seed=3, extra_body={"ignore_eos": True}
+    )
+    assert ignored.choices[0].finish_reason == "length" and ignored.usage.completion_tokens == ended + 20
+    assert ignored.choices[0].message.content.startswith(plain.choices[0].message.content)
+
+
 def test_an_edit_is_refused_and_leaving_an_answer_frees_the_stages(http, server) -> None:
     """Janus does not edit (with or without an image: 400s naming `image`); a client that drops a streamed
     answer aborts it, and no stage holds it after."""

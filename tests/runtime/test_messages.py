@@ -2,6 +2,7 @@
 
 import os
 
+import msgspec
 import numpy as np
 import pytest
 import torch
@@ -74,6 +75,15 @@ def test_arrays_images_and_params_roundtrip():
     assert back.params == params and back.prompt == TextPrompt(text="p")
 
 
+@pytest.mark.parametrize("reason", [7, "\n\n", None])
+def test_a_stop_token_id_or_string_crosses_as_the_stop_reason(reason):
+    """A sequence ended by one of its `stop_token_ids` reports that id (an int, as vLLM does), a stop string
+    that string: both must cross between processes."""
+    codec = Codec(FromWorker)
+    out = codec.decode(codec.encode(Outputs(0, 0, [StageOutput("r", stop_reason=reason, finished=True)])))
+    assert out.items[0].stop_reason == reason
+
+
 def test_unsupported_objects_are_refused_not_pickled():
     with pytest.raises(TypeError, match="cannot send a object"):
         Codec(FromWorker).encode(Outputs(0, 0, [StageOutput("r", data={"x": object()})]))
@@ -81,11 +91,13 @@ def test_unsupported_objects_are_refused_not_pickled():
 
 def test_a_message_whose_payload_is_gone_names_its_request_and_the_next_is_served(tmp_path):
     """A request's segments are freed when it ends; its message still queued at a stage must not take the
-    stage down: the inbox hands it over as `PayloadGone` naming the request (the worker fails that request
-    alone), then the next message as usual (a real ZMQ socket pair and real shared memory)."""
+    stage down: the inbox hands it over as `Unreadable` naming the request (the worker fails that request
+    alone), then the next message as usual (a real ZMQ socket pair and real shared memory). So does a
+    message that breaks the schema (a `prompt` of a type no prompt has)."""
     import zmq
 
-    from omnistage.runtime.stage_process import PayloadGone, _SocketInbox
+    from omnistage.runtime.messages import Unreadable
+    from omnistage.runtime.stage_process import _SocketInbox
 
     context = zmq.Context()
     pull, push = context.socket(zmq.PULL), context.socket(zmq.PUSH)
@@ -102,14 +114,19 @@ def test_a_message_whose_payload_is_gone_names_its_request_and_the_next_is_serve
         release(segment)  # the request ended before the stage read its message
         live = torch.randn(100_000)
         push.send(ended)
+        odd = {"type": "StartRequest", "request_id": "odd", "prompt": 3.5, "params": None}
+        push.send(msgspec.msgpack.encode(odd))
         push.send(sender.encode(StartRequest("live", AudioPrompt(audio=live), SamplingParams())))
         inbox = _SocketInbox(pull, Codec(ToWorker).decode)
         taken = []
-        while len(taken) < 2:
+        while len(taken) < 3:
             assert inbox.wait(10.0)
             taken += inbox.take()
-        gone, served = taken
-        assert isinstance(gone, PayloadGone) and gone.request_id == "ended"
+        gone, broken, served = taken
+        assert isinstance(gone, Unreadable) and gone.request_ids == ["ended"]
+        assert isinstance(gone.error, FileNotFoundError)
+        assert isinstance(broken, Unreadable) and broken.request_ids == ["odd"]
+        assert isinstance(broken.error, msgspec.ValidationError) and "prompt" in str(broken.error)
         assert isinstance(served, StartRequest) and served.request_id == "live"
         assert torch.equal(served.prompt.audio, live)
     finally:

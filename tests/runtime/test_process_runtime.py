@@ -101,6 +101,20 @@ async def test_stage_exception_fails_only_its_request(speech_omni):
     assert good_outs[-1].error is None and len(good_outs[-1].token_ids) == 5
 
 
+async def test_an_output_that_breaks_the_message_schema_fails_its_request_and_frees_everything(speech_omni):
+    """A stage that sends a value its message does not declare (here a float `stop_reason`; in the field, an
+    int one did so) fails that request with the reason, where the message was dropped and the request
+    waited forever; the stages go idle, no shared memory is left, and the next request is served."""
+    # the bound only turns a regression (a request that waits forever) into a failure
+    bad = await asyncio.wait_for(collect(speech_omni, "UNREADABLE please", SamplingParams(max_tokens=4)), 120)
+    assert bad[-1].finished and bad[-1].finish_reason == "error" and isinstance(bad[-1].error, StageError)
+    assert "stage 0 (thinker)" in str(bad[-1].error) and "stop_reason" in str(bad[-1].error)
+    stats = await wait_idle(speech_omni)
+    assert stats["requests"]["tracked"] == 0 and not live_segments(os.getpid())
+    good = await collect(speech_omni, "fine", SamplingParams(max_tokens=4))
+    assert good[-1].error is None and len(good[-1].token_ids) == 4
+
+
 async def test_disconnecting_caller_aborts_everywhere(speech_omni):
     async def consume_two():
         n = 0

@@ -7,6 +7,9 @@ A request that must stay in flight while a test acts on it (aborts it, kills a s
 admission queue) names a gate in its prompt, `HOLD:<name>`: it stops before its last output until the file
 `<name>` exists in the engine's `gate_dir`. A file is a condition the test controls from any process, so no
 engine has to be slowed down by a clock for a request to still be running when the test looks.
+
+A prompt containing `UNREADABLE` makes the token stage's last output carry a `stop_reason` of a type the
+message schema does not declare (a float), as a stage with a schema bug would send.
 """
 
 from __future__ import annotations
@@ -125,6 +128,7 @@ class ToyAREngine(ToyEngineBase):
             "left": max_tokens,
             "prompt": tokens,
             "gate": gate,
+            "unreadable": isinstance(text, str) and "UNREADABLE" in text,
         }
         self.started += 1
 
@@ -156,6 +160,7 @@ class ToyAREngine(ToyEngineBase):
                     text=f"<{token}>",
                     tensors={"hidden": hidden},
                     prompt_token_ids=prompt_ids,
+                    stop_reason=0.5 if done and req["unreadable"] else None,  # type: ignore[arg-type]
                     finished=done,
                     finish_reason="length" if done else None,
                 )

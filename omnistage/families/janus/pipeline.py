@@ -105,9 +105,11 @@ def understanding_input(ctx: StageInputContext) -> StageRequest:
     inputs = loaded.processor(text=text, images=images or None, return_tensors="pt")
     ids = inputs["input_ids"]
     embeds = understanding_embeds(loaded, ids, inputs["pixel_values"]) if images else None
-    eos = int(loaded.janus.generation_config.eos_token_id)
+    # The LM's EOS is no engine EOS (an image has no end marker): text ends at it as a stop token, unless
+    # the request ignores EOS.
+    eos = [] if ctx.params.ignore_eos else [int(loaded.janus.generation_config.eos_token_id)]
     params = msgspec.structs.replace(
-        ctx.params, stop_token_ids=sorted({*(ctx.params.stop_token_ids or []), eos}), detokenize=True
+        ctx.params, stop_token_ids=sorted({*(ctx.params.stop_token_ids or []), *eos}), detokenize=True
     )
     counts = TokenCounts(input_text_tokens=ids.shape[1])
     arinputs = ARInputs(inputs_embeds=embeds, head="text")
