@@ -42,7 +42,7 @@ QUESTIONS = [
     "What is the freezing point of water in Fahrenheit?", "Why do we need sleep?",
 ]  # fmt: skip
 CONTESTANTS = [("float32", "none"), ("float32", "auto"), ("float32", "int8"), ("float32", "int4"),
-               ("bfloat16", "none"), ("bfloat16", "int4")]  # fmt: skip
+               ("bfloat16", "none"), ("bfloat16", "auto"), ("bfloat16", "int4")]  # fmt: skip
 
 LLAMA_CPP = """
 import json, sys

@@ -25,9 +25,11 @@ def smol_dir(smol_gguf: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def smol_server(smol_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """One thread: on a shared 2-core machine a second OpenMP thread spin-waits for a busy core."""
+    """One thread: on a shared 2-core machine a second OpenMP thread spin-waits for a busy core. Float32
+    asked for: the tests compare with transformers' float32 model (a GGUF runs in bf16 by default where the
+    CPU has it natively)."""
     log = tmp_path_factory.mktemp("smol-server") / "server.log"
-    args = ["serve", str(smollm2_gguf()), "--num-threads", "1"]
+    args = ["serve", str(smollm2_gguf()), "--num-threads", "1", "--dtype", "float32"]
     server = ServerProcess(args, log, module="omnistage")
     try:
         server.wait_healthy(timeout=300)

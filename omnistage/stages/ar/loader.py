@@ -134,7 +134,10 @@ def resolve_dtype(requested: str, model_dir: str | None, device: str) -> torch.d
     (as vLLM's CPU backend does: oneDNN's fp16 without AMX-FP16 is no faster than fp32, while bf16 on AMX is
     ~3x faster; a tiny speech encoder, one thread: fp32 0.33 s, fp16 0.35 s, bf16 0.11 s), and
     bf16 on a CPU without native support for it (no AVX512-BF16/AMX: oneDNN emulates it, several times
-    slower than fp32) runs in float32. An explicit dtype is always honoured."""
+    slower than fp32) runs in float32. A quantized checkpoint (a GGUF's blocks beside it) runs in bf16 where
+    the CPU computes bf16 natively: its weights hold 4-8 bits, and there bf16 is the fastest form that stays
+    as close to the float model as llama.cpp does (benchmarks/RESULTS.md, issue 63). An explicit dtype is
+    always honoured."""
     if requested != "auto":
         return getattr(torch, requested)
     name = None
@@ -145,12 +148,19 @@ def resolve_dtype(requested: str, model_dir: str | None, device: str) -> torch.d
     dtype = getattr(torch, name) if isinstance(name, str) and hasattr(torch, name) else torch.float32
     if torch.device(device).type != "cpu":
         return dtype
-    if dtype is torch.float16:
+    if dtype is torch.float16 or (quantized_checkpoint(model_dir) and cpu_has_native(torch.bfloat16)):
         dtype = torch.bfloat16
     if dtype is torch.bfloat16 and not cpu_has_native(dtype):
         logger.info("checkpoint dtype %s has no native support on this CPU; computing in float32", dtype)
         return torch.float32
     return dtype
+
+
+def quantized_checkpoint(model_dir: str | None) -> bool:
+    """Whether `model_dir` holds quantized blocks beside its weights (a GGUF's, written at conversion)."""
+    from omnistage.stages.ar.cpu.quantized_linear import BLOCKS_FILE
+
+    return bool(model_dir) and (Path(model_dir) / BLOCKS_FILE).is_file()
 
 
 def cpu_has_native(dtype: torch.dtype) -> bool:
