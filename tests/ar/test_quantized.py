@@ -77,6 +77,32 @@ def test_a_quantized_linear_computes_with_its_dequantized_weight(kind, dtype, ke
     assert ((quantized.dequantized() - weight).abs() <= step * 0.5 + 1e-6).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_long_inputs_compute_with_the_dense_copy_and_short_ones_with_the_blocks(dtype) -> None:
+    """`quantized_dense_rows`: inputs of that many rows or more compute with oneDNN on the dequantized weight
+    in the compute dtype (bit for bit what a dense linear of that weight gives), fewer through the
+    weight-only kernel; where oneDNN would emulate the dtype no copy is kept."""
+    from omnistage.stages.ar.loader import cpu_has_native
+
+    torch.manual_seed(0)
+    quantized = WeightOnly.of(torch.randn(96, 128), "int4")
+    bias = torch.randn(96).to(dtype)
+    dense = QuantizedLinear(quantized, bias, dtype, dense_rows=4)
+    plain = QuantizedLinear(quantized, bias, dtype)
+    if dtype is torch.bfloat16 and not cpu_has_native(dtype):
+        assert dense.dense is None
+        return
+    packed = torch.ops.mkldnn._reorder_linear_weight(quantized.dequantized().to(dtype), 32)
+    for rows in (1, 3, 4, 9, 40):
+        x = torch.randn(rows, 128).to(dtype)
+        want = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "") if rows >= 4 else plain(x)
+        assert torch.equal(dense(x), want), rows
+    close = torch.nn.functional.linear(x.float(), quantized.dequantized(), bias.float())
+    assert (dense(x).float() - close).abs().max() <= (
+        1e-4 if dtype is torch.float32 else 0.05
+    ) * close.abs().max()
+
+
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
 def test_gguf_blocks_are_read_as_they_are_and_survive_the_float_round_trip(type_name) -> None:
     """`read_blocks` stands for what llama.cpp's reader dequantizes; Q4_1 and Q8_0 floats quantize back to
@@ -158,7 +184,7 @@ def test_greedy_tokens_equal_transformers_with_the_dequantized_weights(kind) -> 
 def test_a_gguf_serves_with_its_own_blocks_and_answers_as_its_float_weights() -> None:
     """By default (`auto`) every linear of a Q4_1 GGUF, the tied head included, computes with the file's
     blocks; greedy tokens equal transformers' on the converted float weights, and `none` computes with
-    those floats and answers the same."""
+    those floats and answers the same, as does `quantized_dense_rows` (dense copies for longer inputs)."""
     from transformers import AutoModelForCausalLM
 
     model_dir = converted_dir(tiny_gguf_file())
@@ -174,6 +200,10 @@ def test_a_gguf_serves_with_its_own_blocks_and_answers_as_its_float_weights() ->
     plain = make_engine(model_dir=str(model_dir), engine_args={"quantization": "none"})
     assert plain.stats()["weight_only_linears"] == {}
     assert engine_greedy(plain, 16) == expected
+    # prefills and batched steps (2 rows or more) on dense copies of the blocks' weights: the same answers
+    dense = make_engine(model_dir=str(model_dir), engine_args={"quantized_dense_rows": 2})
+    assert dense.stats()["weight_only_linears"] == {f"int4 ({path}; dense from 2 rows)": 7 * layers + 1}
+    assert engine_greedy(dense, 16) == expected
 
 
 def test_an_unknown_quantization_is_refused() -> None:

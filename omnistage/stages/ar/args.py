@@ -23,6 +23,11 @@ class ARArgs(EngineArgs):
     # included) and leaves float weights as they are; "int8" / "int4" also quantize the decoder's float
     # linears (the head and the embeddings keep their dtype); "none" computes with float weights only.
     quantization: Literal["auto", "none", "int8", "int4"] = "auto"
+    # Quantized linears also keep a dense copy of their weights in the compute dtype (oneDNN's packed form)
+    # and compute inputs of at least this many rows with it: prefills and large batches are bound by
+    # arithmetic, which the weight-only kernels do slower than a dense GEMM; 0: no copy (the weights'
+    # dense bytes saved).
+    quantized_dense_rows: int = 0
     # Functions, "module:function" (or the callable itself from Python):
     model_loader: Any = None  # (model_dir, dtype, device) -> LoadedModel (loader.py)
     step_embed_hook: Any = None  # (request ARInputs, step, embedding) -> the step's input embedding

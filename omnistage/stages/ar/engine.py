@@ -26,6 +26,7 @@ import os
 from typing import Any
 
 import torch
+from torch import nn
 
 from omnistage.config.pipeline import load_ref
 from omnistage.errors import ConfigError, InvalidRequestError, OmniError
@@ -39,7 +40,13 @@ from omnistage.stages.ar.cross_attention import encoder_states, project
 from omnistage.stages.ar.detokenizer import IncrementalDetokenizer, decoder_for
 from omnistage.stages.ar.guidance import guided_logits, twin_request
 from omnistage.stages.ar.inputs import InputRules, make_request
-from omnistage.stages.ar.kv_cache import BlockManager, KVStorage, bytes_per_token, plan_num_blocks
+from omnistage.stages.ar.kv_cache import (
+    BlockManager,
+    KVStorage,
+    available_memory,
+    bytes_per_token,
+    plan_num_blocks,
+)
 from omnistage.stages.ar.loader import LoadedModel, check_loaded, load_causal_lm, resolve_dtype
 from omnistage.stages.ar.model_runner import ForwardResult, ModelRunner, uses_mrope
 from omnistage.stages.ar.post_sample import SampledStep, run_hook
@@ -143,14 +150,31 @@ class AREngine:
         if args.quantization != "none" and self.device.type == "cpu":
             root, heads = model.root or model.decoder, (model.head, *model.heads.values())
             attach_blocks(root, model_dir, args.quantization)
-            quantize_linears(model.decoder, args.quantization, self.dtype, skip=heads, root=root)
+            dense = self._dense_rows(args.quantized_dense_rows, root)
+            quantize_linears(model.decoder, args.quantization, self.dtype, heads, root, dense)
             for head in heads:  # the heads' own blocks only (a GGUF's tied embeddings)
-                quantize_linears(head, "auto", self.dtype, root=root)
+                quantize_linears(head, "auto", self.dtype, root=root, dense_rows=dense)
             self.weight_only = weight_only_summary(root)
         if self.fast_path and packing_available():
             for module in (model.decoder, model.head, *model.heads.values(), *model.step_modules):
                 pack_linears(module)
         return model
+
+    def _dense_rows(self, rows: int, root: nn.Module) -> int:
+        """`quantized_dense_rows`, unless the dense copies would take over half the free memory (a large
+        GGUF): then none are kept, and the log says so."""
+        if rows <= 0:
+            return 0
+        size = torch.empty(0, dtype=self.dtype).element_size()
+        needed = sum(m.weight.numel() for m in root.modules() if type(m) is nn.Linear) * size
+        if needed > available_memory(self.device) // 2:
+            logger.warning(
+                "quantized_dense_rows: dense copies of the weights would take %.1f GiB, over half the free "
+                "memory; the weight-only kernels compute every input",
+                needed / 2**30,
+            )
+            return 0
+        return rows
 
     def _new_kv(self) -> KVStorage:
         return KVStorage(

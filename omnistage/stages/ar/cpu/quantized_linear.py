@@ -110,12 +110,17 @@ def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
 
 
 class QuantizedLinear:
-    """`x [..., K]` → `x @ W.T + b` through a weight-only kernel (the module docstring says which)."""
+    """`x [..., K]` → `x @ W.T + b` through a weight-only kernel (the module docstring says which); with
+    `dense_rows`, inputs of that many rows or more through a dense packed copy of the dequantized weight."""
 
-    def __init__(self, weight: WeightOnly, bias: torch.Tensor | None, dtype: torch.dtype):
+    def __init__(
+        self, weight: WeightOnly, bias: torch.Tensor | None, dtype: torch.dtype, dense_rows: int = 0
+    ):
         self.kind, self.dtype, self.bias = weight.kind, dtype, bias
         self.out_features = int(weight.q.shape[0])
         self.path = kernel_path(weight.kind, dtype)
+        self.dense_rows = dense_rows
+        self.dense = dense_copy(weight, dtype) if dense_rows > 0 else None
         if self.path == "native":
             kernels = native.weight_only_kernels()
             self.scale = weight.scale.float().contiguous()
@@ -137,7 +142,13 @@ class QuantizedLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """A lone sequence's step makes some two hundred of these calls: the Python here is kept short."""
         shape = x.shape
-        out = self.run(x.reshape(-1, shape[-1]))
+        flat = x.reshape(-1, shape[-1])
+        if self.dense is not None and flat.shape[0] >= self.dense_rows:
+            out = torch.ops.mkldnn._linear_pointwise(
+                flat.to(self.dtype), self.dense, self.bias, "none", [], ""
+            )
+            return out.view(*shape[:-1], self.out_features).to(x.dtype)
+        out = self.run(flat)
         if self.bias is not None:
             out = out + self.bias
         return out.view(*shape[:-1], self.out_features).to(x.dtype)
@@ -151,12 +162,26 @@ class QuantizedLinear:
         return F.linear(flat.to(self.dtype), self.weight)
 
 
+def _onednn_linear(flat: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
+
+
 def _int4(kernel, q, scale, offset, flat: torch.Tensor) -> torch.Tensor:
     return kernel(flat.float().contiguous(), q, scale, offset)
 
 
 def _int8(kernel, q, scale, flat: torch.Tensor) -> torch.Tensor:
     return kernel(flat.float().contiguous(), q, scale)
+
+
+def dense_copy(weight: WeightOnly, dtype: torch.dtype) -> torch.Tensor | None:
+    """oneDNN's packed layout of the dequantized weight in `dtype` (tuned for 32 rows); None where oneDNN
+    does not compute `dtype` natively here (an emulated bf16 GEMM is slower than the weight-only kernels)."""
+    from omnistage.stages.ar.loader import cpu_has_native
+
+    if not torch.backends.mkldnn.is_available() or not (dtype is torch.float32 or cpu_has_native(dtype)):
+        return None
+    return torch.ops.mkldnn._reorder_linear_weight(weight.dequantized().to(dtype), 32)
 
 
 def kernel_path(kind: str, dtype: torch.dtype) -> str:
@@ -186,6 +211,7 @@ def quantize_linears(
     dtype: torch.dtype,
     skip: tuple[nn.Module, ...] = (),
     root: nn.Module | None = None,
+    dense_rows: int = 0,
 ) -> int:
     """Route every `nn.Linear` under `model` (but those in `skip`) through a weight-only quantized copy of
     its weight; returns how many. A linear that carries `weight_only` (`attach_blocks`: its file's own
@@ -209,7 +235,7 @@ def quantize_linears(
             weight = WeightOnly.of(module.weight, kind)
         bias = None if module.bias is None else module.bias.detach().to(dtype)
         module.weight_only = weight
-        module.forward = QuantizedLinear(weight, bias, dtype)
+        module.forward = QuantizedLinear(weight, bias, dtype, dense_rows)
         if id(module.weight) not in shared:
             module.weight = nn.Parameter(torch.empty(0, dtype=module.weight.dtype), requires_grad=False)
         count += 1
@@ -261,7 +287,8 @@ def weight_only_summary(model: nn.Module) -> dict[str, int]:
     for module in model.modules():
         if is_quantized(module):
             linear = module.forward
-            key = f"{linear.kind} ({linear.path})"
+            dense = "" if linear.dense is None else f"; dense from {linear.dense_rows} rows"
+            key = f"{linear.kind} ({linear.path}{dense})"
             counts[key] = counts.get(key, 0) + 1
     return counts
 
@@ -279,7 +306,8 @@ class QuantizedJoint:
         self.widths = [int(m.forward.out_features) for m in linears]
         biases = [m.forward.bias for m in linears]
         bias = None if biases[0] is None else torch.cat(biases)
-        self.linear = QuantizedLinear(WeightOnly.cat([m.weight_only for m in linears]), bias, first.dtype)
+        joint = WeightOnly.cat([m.weight_only for m in linears])
+        self.linear = QuantizedLinear(joint, bias, first.dtype, first.dense_rows)
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return self.whole(x).split(self.widths, dim=-1)
