@@ -2,10 +2,12 @@
 
 A decode step reads every linear's weights once (the bytes the quantized blocks or float weights hold) and
 does 2 x weights x sequences flops with them. The benchmark measures, on the spot, the bandwidth of a pure
-read (a sum over 1 GiB) and the float32 GEMM rate (a 2048^3 matmul through oneDNN), then times decode steps
-of the demo's chat model (SmolLM2-135M, its Q4_1 GGUF) at 1, 8 and 32 sequences with the demo's default
-(`auto`: the file's blocks) and with float weights (`none`), and prints each step against both bounds:
-memory fraction = (weight bytes / bandwidth) / step time, compute fraction = (flops / GEMM rate) / step time.
+read (a sum over 1 GiB) and the GEMM rate of each compute dtype (a 2048^3 matmul through oneDNN), then times
+decode steps of the demo's chat model (SmolLM2-135M, its Q4_1 GGUF) at 1, 8 and 32 sequences with the
+deployment's defaults (the file's blocks, dense copies from 16 rows, bf16 where the CPU computes it
+natively), float32 with the blocks alone, and float32 float weights, and prints each step against both
+bounds: memory fraction = (weight bytes / bandwidth) / step time, compute fraction = (flops / GEMM rate in
+the step's dtype) / step time.
 
     OMP_NUM_THREADS=2 PYTHONPATH=$PWD .venv/bin/python benchmarks/decode_roofline.py
 """
@@ -29,6 +31,12 @@ from omnistage.families import registry  # noqa: E402
 from omnistage.params import SamplingParams  # noqa: E402
 from omnistage.stages.base import StageRequest  # noqa: E402
 
+# (label, dtype, quantization, quantized_dense_rows): the deployment's defaults (llm.yaml: "auto", the
+# file's blocks, dense copies from 16 rows; bf16 where the CPU has it natively), then float32 with the
+# blocks alone, and float32 float weights.
+CONTESTANTS = [("default", "auto", "auto", 16), ("float32 auto", "float32", "auto", 0),
+               ("float32 none", "float32", "none", 0)]  # fmt: skip
+
 
 def best_of(runs: int, fn) -> float:
     fn()
@@ -46,21 +54,22 @@ def read_bandwidth() -> float:
     return data.numel() * 4 / best_of(5, lambda: data.sum())
 
 
-def gemm_rate() -> float:
-    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+def gemm_rate(dtype: torch.dtype) -> float:
+    a, b = torch.randn(2048, 2048).to(dtype), torch.randn(2048, 2048).to(dtype)
     return 2 * 2048**3 / best_of(3, lambda: a @ b)
 
 
-def weight_bytes_and_params(root: nn.Module) -> tuple[int, int]:
-    """What a decode step reads of the linears (the blocks and scales, or the float weights) and their
-    weight count (for the flops)."""
+def weight_bytes_and_params(root: nn.Module, dense: int, size: int) -> tuple[int, int]:
+    """What a decode step reads of the linears (the blocks and scales, or the float weights: a quantized
+    linear's dense copy, of `size` bytes a weight, where the step has `dense` rows) and their weight count
+    (for the flops)."""
     total = params = 0
     for module in root.modules():
         if type(module) is not nn.Linear:
             continue
         blocks = getattr(module, "weight_only", None)  # quantized (alone or inside a joint q/k/v, gate/up)
         if blocks is not None:
-            total += blocks.nbytes
+            total += blocks.q.numel() * size if dense else blocks.nbytes
             params += blocks.q.numel()
         else:
             total += module.weight.nbytes
@@ -68,9 +77,9 @@ def weight_bytes_and_params(root: nn.Module) -> tuple[int, int]:
     return total, params
 
 
-def step_time(quantization: str, seqs: int, steps: int) -> tuple[float, int, int]:
+def step_time(dtype: str, quantization: str, seqs: int, steps: int, dense_rows: int = 0):
     """The median decode step of `seqs` sequences (after their prefill), and the step's bytes and params."""
-    eng = smollm_engine("float32", quantization)
+    eng = smollm_engine(dtype, quantization, dense_rows)
     for i in range(seqs):
         params = SamplingParams(max_tokens=4 * steps + 8, temperature=0.0, ignore_eos=True)
         eng.add_request(StageRequest(f"r{i}", prompt=list(range(100 + i, 160 + i)), params=params))
@@ -81,9 +90,10 @@ def step_time(quantization: str, seqs: int, steps: int) -> tuple[float, int, int
         start = time.perf_counter()
         eng.step()
         times.append(time.perf_counter() - start)
-    nbytes, count = weight_bytes_and_params(eng.model.root or eng.model.decoder)
+    dense = 0 < dense_rows <= seqs
+    nbytes, count = weight_bytes_and_params(eng.model.root or eng.model.decoder, dense, eng.dtype.itemsize)
     eng.shutdown()
-    return sorted(times)[len(times) // 2], nbytes, count
+    return sorted(times)[len(times) // 2], nbytes, count, eng.dtype
 
 
 def main() -> int:
@@ -92,21 +102,22 @@ def main() -> int:
     args = parser.parse_args()
     registry.load()
     print(f"threads {torch.get_num_threads()}; load average {os.getloadavg()}", flush=True)
-    bandwidth, rate = read_bandwidth(), gemm_rate()
-    print(
-        f"measured: read bandwidth {bandwidth / 1e9:.1f} GB/s, float32 GEMM {rate / 1e9:.1f} GFLOP/s",
-        flush=True,
-    )
-    for quantization in ("auto", "none"):
+    bandwidth, rates = read_bandwidth(), {}
+    print(f"measured: read bandwidth {bandwidth / 1e9:.1f} GB/s", flush=True)
+    for label, dtype, quantization, dense_rows in CONTESTANTS:
         for seqs in (1, 8, 32):
-            step, nbytes, params = step_time(quantization, seqs, args.steps)
+            step, nbytes, params, computed = step_time(dtype, quantization, seqs, args.steps, dense_rows)
+            if computed not in rates:
+                rates[computed] = gemm_rate(computed)
+                print(f"measured: {computed} GEMM {rates[computed] / 1e9:.1f} GFLOP/s", flush=True)
+            rate = rates[computed]
             memory = nbytes / bandwidth / step
             compute = 2 * params * seqs / rate / step
             print(
-                f"{quantization:<5} {seqs:2d} seqs: step {step * 1e3:6.1f} ms  {seqs / step:6.1f} tok/s  "
-                f"weights {nbytes / 1e6:6.1f} MB  memory bound {nbytes / bandwidth * 1e3:5.1f} ms "
-                f"({memory:5.1%})  compute bound {2 * params * seqs / rate * 1e3:6.1f} ms ({compute:5.1%})  "
-                f"load {os.getloadavg()[0]:.2f}",
+                f"{label:<13} {str(computed)[6:]:<8} {seqs:2d} seqs: step {step * 1e3:6.1f} ms  "
+                f"{seqs / step:6.1f} tok/s  weights {nbytes / 1e6:6.1f} MB  memory bound "
+                f"{nbytes / bandwidth * 1e3:5.1f} ms ({memory:5.1%})  compute bound "
+                f"{2 * params * seqs / rate * 1e3:6.1f} ms ({compute:5.1%})  load {os.getloadavg()[0]:.2f}",
                 flush=True,
             )
     return 0

@@ -2,9 +2,11 @@
 
 The demo's chat model (SmolLM2-135M-Instruct, its Q4_1 GGUF dequantized: the real trained weights) answers
 each question greedily, `--max-tokens` tokens, on the AR engine in float32 with float weights (the reference,
-`quantization: none`), with the file's own blocks (`auto`, the default: Q4_1 decoder, Q8_0 head), with the
-decoder's weights as int8 / int4 groups, and in bf16; with `--llama-python`, llama.cpp answers the same token
-ids from the same GGUF. It prints, for each contestant, how many whole answers equal the float32 ones and
+`quantization: none`), with the file's own blocks (`auto`: Q4_1 decoder, Q8_0 head), with the decoder's
+weights as int8 / int4 groups, in bf16, and as the deployment serves it by default (`auto auto dense 16`: bf16
+where the CPU computes it natively, the blocks, dense copies for 16 rows or more; the 32 questions run as one
+batch, so most steps take the dense copies); with `--llama-python`, llama.cpp answers the same token ids from
+the same GGUF. It prints, for each contestant, how many whole answers equal the float32 ones and
 llama.cpp's, and the mean length of the prefix shared with float32's.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/quantized_quality.py --llama-python LLAMA_VENV/bin/python
@@ -41,8 +43,11 @@ QUESTIONS = [
     "Who painted the Mona Lisa?", "What are clouds made of?", "Give a synonym for happy.",
     "What is the freezing point of water in Fahrenheit?", "Why do we need sleep?",
 ]  # fmt: skip
-CONTESTANTS = [("float32", "none"), ("float32", "auto"), ("float32", "int8"), ("float32", "int4"),
-               ("bfloat16", "none"), ("bfloat16", "auto"), ("bfloat16", "int4")]  # fmt: skip
+# (dtype, quantization, quantized_dense_rows); "auto auto 16" is the deployment's default (llm.yaml: bf16
+# where the CPU computes it natively, the file's blocks, dense copies from 16 rows).
+CONTESTANTS = [("float32", "none", 0), ("float32", "auto", 0), ("float32", "int8", 0), ("float32", "int4", 0),
+               ("bfloat16", "none", 0), ("bfloat16", "auto", 0), ("bfloat16", "int4", 0),
+               ("auto", "auto", 16)]  # fmt: skip
 
 LLAMA_CPP = """
 import json, sys
@@ -70,21 +75,23 @@ def prompts() -> list[list[int]]:
     return [list(e["input_ids"] if hasattr(e, "keys") else e) for e in encoded]  # transformers 5: a mapping
 
 
-def smollm_engine(dtype: str, quantization: str):
+def smollm_engine(dtype: str, quantization: str, dense_rows: int = 0):
     """The demo's SmolLM2 on an AR engine of its own (32 sequences at once)."""
     ctx = EngineContext(
         stage=StageSpec(0, "llm", "ar", final_output=True, output_modality="text"),
         deploy=StageDeploy(
             stage_id=0, dtype=dtype, max_num_seqs=32, max_num_batched_tokens=2048,
-            engine_args={"quantization": quantization},
+            engine_args={"quantization": quantization, "quantized_dense_rows": dense_rows},
         ),
         model_dir=str(smollm2_dir()),
     )  # fmt: skip
     return create_engine(ctx)
 
 
-def engine_answers(dtype: str, quantization: str, ids: list[list[int]], max_tokens: int) -> list[list[int]]:
-    engine = smollm_engine(dtype, quantization)
+def engine_answers(
+    dtype: str, quantization: str, dense_rows: int, ids: list[list[int]], max_tokens: int
+) -> list[list[int]]:
+    engine = smollm_engine(dtype, quantization, dense_rows)
     eos = set(engine.model.eos_token_ids)
     for i, p in enumerate(ids):
         engine.add_request(
@@ -124,7 +131,10 @@ def main() -> int:
     parser.add_argument("--llama-python", help="an interpreter with llama-cpp-python (llama.cpp's answers)")
     args = parser.parse_args()
     ids = prompts()
-    answers = {f"{d} {q}": engine_answers(d, q, ids, args.max_tokens) for d, q in CONTESTANTS}
+    answers = {
+        f"{d} {q}" + (f" dense {r}" if r else ""): engine_answers(d, q, r, ids, args.max_tokens)
+        for d, q, r in CONTESTANTS
+    }
     if args.llama_python:
         answers["llama.cpp Q4_1"] = llama_cpp_answers(args.llama_python, ids, args.max_tokens)
     reference, llama = answers["float32 none"], answers.get("llama.cpp Q4_1")
