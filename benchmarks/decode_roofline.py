@@ -5,9 +5,9 @@ does 2 x weights x sequences flops with them. The benchmark measures, on the spo
 read (a sum over 1 GiB) and the GEMM rate of each compute dtype (a 2048^3 matmul through oneDNN), then times
 decode steps of the demo's chat model (SmolLM2-135M, its Q4_1 GGUF) at 1, 8 and 32 sequences with the
 deployment's defaults (the file's blocks, dense copies from 16 rows, bf16 where the CPU computes it
-natively), float32 with the blocks alone, and float32 float weights, and prints each step against both
-bounds: memory fraction = (weight bytes / bandwidth) / step time, compute fraction = (flops / GEMM rate in
-the step's dtype) / step time.
+natively), the same without dense copies, float32 with and without them, and float32 float weights, and
+prints each step (and the prefill before it) against both bounds: memory fraction = (weight bytes /
+bandwidth) / step time, compute fraction = (flops / GEMM rate in the step's dtype) / step time.
 
     OMP_NUM_THREADS=2 PYTHONPATH=$PWD .venv/bin/python benchmarks/decode_roofline.py
 """
@@ -32,9 +32,10 @@ from omnistage.params import SamplingParams  # noqa: E402
 from omnistage.stages.base import StageRequest  # noqa: E402
 
 # (label, dtype, quantization, quantized_dense_rows): the deployment's defaults (llm.yaml: "auto", the
-# file's blocks, dense copies from 16 rows; bf16 where the CPU has it natively), then float32 with the
-# blocks alone, and float32 float weights.
-CONTESTANTS = [("default", "auto", "auto", 16), ("float32 auto", "float32", "auto", 0),
+# file's blocks, dense copies from 16 rows; bf16 where the CPU has it natively), the same without dense
+# copies, float32 with and without them, and float32 float weights.
+CONTESTANTS = [("default", "auto", "auto", 16), ("auto blocks", "auto", "auto", 0),
+               ("float32 dense", "float32", "auto", 16), ("float32 auto", "float32", "auto", 0),
                ("float32 none", "float32", "none", 0)]  # fmt: skip
 
 
@@ -83,7 +84,10 @@ def step_time(dtype: str, quantization: str, seqs: int, steps: int, dense_rows: 
     for i in range(seqs):
         params = SamplingParams(max_tokens=4 * steps + 8, temperature=0.0, ignore_eos=True)
         eng.add_request(StageRequest(f"r{i}", prompt=list(range(100 + i, 160 + i)), params=params))
-    for _ in range(3):  # the prefill and two warm decode steps
+    start = time.perf_counter()
+    eng.step()  # the prefill
+    prefill = time.perf_counter() - start
+    for _ in range(2):  # two warm decode steps
         eng.step()
     times = []
     for _ in range(steps):
@@ -93,7 +97,7 @@ def step_time(dtype: str, quantization: str, seqs: int, steps: int, dense_rows: 
     dense = 0 < dense_rows <= seqs
     nbytes, count = weight_bytes_and_params(eng.model.root or eng.model.decoder, dense, eng.dtype.itemsize)
     eng.shutdown()
-    return sorted(times)[len(times) // 2], nbytes, count, eng.dtype
+    return sorted(times)[len(times) // 2], prefill, nbytes, count, eng.dtype
 
 
 def main() -> int:
@@ -106,7 +110,9 @@ def main() -> int:
     print(f"measured: read bandwidth {bandwidth / 1e9:.1f} GB/s", flush=True)
     for label, dtype, quantization, dense_rows in CONTESTANTS:
         for seqs in (1, 8, 32):
-            step, nbytes, params, computed = step_time(dtype, quantization, seqs, args.steps, dense_rows)
+            step, prefill, nbytes, params, computed = step_time(
+                dtype, quantization, seqs, args.steps, dense_rows
+            )
             if computed not in rates:
                 rates[computed] = gemm_rate(computed)
                 print(f"measured: {computed} GEMM {rates[computed] / 1e9:.1f} GFLOP/s", flush=True)
@@ -117,7 +123,8 @@ def main() -> int:
                 f"{label:<13} {str(computed)[6:]:<8} {seqs:2d} seqs: step {step * 1e3:6.1f} ms  "
                 f"{seqs / step:6.1f} tok/s  weights {nbytes / 1e6:6.1f} MB  memory bound "
                 f"{nbytes / bandwidth * 1e3:5.1f} ms ({memory:5.1%})  compute bound "
-                f"{2 * params * seqs / rate * 1e3:6.1f} ms ({compute:5.1%})  load {os.getloadavg()[0]:.2f}",
+                f"{2 * params * seqs / rate * 1e3:6.1f} ms ({compute:5.1%})  prefill of {seqs} x 60 tokens "
+                f"{prefill * 1e3:7.1f} ms  load {os.getloadavg()[0]:.2f}",
                 flush=True,
             )
     return 0
