@@ -150,7 +150,7 @@ class AREngine:
         if args.quantization != "none" and self.device.type == "cpu":
             root, heads = model.root or model.decoder, (model.head, *model.heads.values())
             attach_blocks(root, model_dir, args.quantization)
-            dense = self._dense_rows(args.quantized_dense_rows, root)
+            dense = self._dense_rows(args.quantized_dense_rows, root, args.quantization)
             quantize_linears(model.decoder, args.quantization, self.dtype, heads, root, dense)
             for head in heads:  # the heads' own blocks only (a GGUF's tied embeddings)
                 quantize_linears(head, "auto", self.dtype, root=root, dense_rows=dense)
@@ -160,13 +160,16 @@ class AREngine:
                 pack_linears(module)
         return model
 
-    def _dense_rows(self, rows: int, root: nn.Module) -> int:
+    def _dense_rows(self, rows: int, root: nn.Module, quantization: str) -> int:
         """`quantized_dense_rows`, unless the dense copies would take over half the free memory (a large
         GGUF): then none are kept, and the log says so."""
         if rows <= 0:
             return 0
         size = torch.empty(0, dtype=self.dtype).element_size()
-        needed = sum(m.weight.numel() for m in root.modules() if type(m) is nn.Linear) * size
+        linears = [m for m in root.modules() if type(m) is nn.Linear]
+        if quantization == "auto":  # only the linears the checkpoint holds blocks for are quantized
+            linears = [m for m in linears if getattr(m, "weight_only", None) is not None]
+        needed = sum(m.weight.numel() for m in linears) * size
         if needed > available_memory(self.device) // 2:
             logger.warning(
                 "quantized_dense_rows: dense copies of the weights would take %.1f GiB, over half the free "
