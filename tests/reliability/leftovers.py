@@ -31,3 +31,17 @@ def processes_marked(mark: str) -> list[int]:
 
 def segments_of(pid: int) -> list[str]:
     return sorted(p.name for p in Path("/dev/shm").glob(f"omnistage_{pid}_*"))
+
+
+def describe_segments(names: list[str]) -> str:
+    """Each segment's size and age (what a leak report needs to tell whose payloads they were)."""
+    import time
+
+    found = []
+    for name in names:
+        try:
+            stat = (Path("/dev/shm") / name).stat()
+        except OSError:
+            continue  # freed since
+        found.append(f"{name}: {stat.st_size} bytes, {time.time() - stat.st_mtime:.0f} s old")
+    return "; ".join(found) or "none left"

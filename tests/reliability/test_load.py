@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from tests.reliability.conftest import rss_bytes, server_pids, wait_all_free
-from tests.reliability.leftovers import segments_of
+from tests.reliability.leftovers import describe_segments, segments_of
 from tests.reliability.mixed_load import (
     mixed_load,
     ping_while,
@@ -73,4 +73,7 @@ def test_mixed_requests_leave_memory_flat_and_nothing_behind(demo_server) -> Non
     assert after <= before * (1 + RSS_GROWTH_BOUND) + RSS_GROWTH_SLACK_BYTES
     assert sorted(server_pids(demo_server)) == sorted(pids)  # no process added, none died
     # every payload's segment freed: the orchestrator unlinks what is left once each request has ended
-    wait_until(lambda: not segments_of(demo_server.proc.pid), 30, "every payload's segment freed")
+    try:
+        wait_until(lambda: not segments_of(demo_server.proc.pid), 30, "every payload's segment freed")
+    except AssertionError as exc:  # say which, for whoever chases the leak
+        raise AssertionError(f"{exc}: {describe_segments(segments_of(demo_server.proc.pid))}") from None
