@@ -178,9 +178,14 @@ class Unreadable:
     error: Exception
 
     @property
+    def plain(self) -> dict[str, Any]:
+        """Its fields by name (empty where it was no map at all)."""
+        return self.fields if isinstance(self.fields, dict) else {}
+
+    @property
     def request_ids(self) -> list[str]:
         """The requests the message is about: its own `request_id`(s), or those of its output items."""
-        fields = self.fields if isinstance(self.fields, dict) else {}
+        fields = self.plain
         named = [fields.get("request_id")] + list(fields.get("request_ids") or [])
         for key in ("items", "chunk"):
             items = fields.get(key)

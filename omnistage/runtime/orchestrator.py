@@ -228,7 +228,7 @@ class Orchestrator:
         the reason, and its payloads are freed; dropped alone, its requests would wait forever."""
         for ref in msg.segments:
             release(ref.key)
-        fields = msg.fields if isinstance(msg.fields, dict) else {}
+        fields = msg.plain
         sid = fields.get("stage_id")
         name = self.pipeline.stage(sid).name if sid in self.pools else None
 

@@ -268,11 +268,11 @@ def serve_stage(
     def deliver() -> None:
         for msg in inbox.take():
             if isinstance(msg, Unreadable):  # fail what it was about; the rest goes on
-                send(Outputs(sid, replica, [error_output(rid, msg.error) for rid in msg.request_ids]))
-                fields = msg.fields if isinstance(msg.fields, dict) else {}
-                if isinstance(fields.get("call_id"), int):
+                if msg.request_ids:
+                    send(Outputs(sid, replica, [error_output(rid, msg.error) for rid in msg.request_ids]))
+                if isinstance(call_id := msg.plain.get("call_id"), int):
                     error = f"{type(msg.error).__name__}: {msg.error}"
-                    send(CallResult(sid, replica, fields["call_id"], error=error))
+                    send(CallResult(sid, replica, call_id, error=error))
                 continue
             if not isinstance(msg, Call):
                 worker.handle(msg)

@@ -165,11 +165,10 @@ class AREngine:
         GGUF): then none are kept, and the log says so."""
         if rows <= 0:
             return 0
-        size = torch.empty(0, dtype=self.dtype).element_size()
         linears = [m for m in root.modules() if type(m) is nn.Linear]
         if quantization == "auto":  # only the linears the checkpoint holds blocks for are quantized
             linears = [m for m in linears if getattr(m, "weight_only", None) is not None]
-        needed = sum(m.weight.numel() for m in linears) * size
+        needed = sum(m.weight.numel() for m in linears) * self.dtype.itemsize
         if needed > available_memory(self.device) // 2:
             logger.warning(
                 "quantized_dense_rows: dense copies of the weights would take %.1f GiB, over half the free "

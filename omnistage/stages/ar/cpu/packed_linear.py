@@ -76,7 +76,7 @@ def pack_linears(model: nn.Module, batch_hint: int = BATCH_HINT) -> int:
             continue
         bias = module.bias.detach() if module.bias is not None else None
         few_rows = native_linear(weight.detach(), bias)
-        packed = None if _native_covers(few_rows) else _onednn(weight.detach(), batch_hint)
+        packed = None if _native_covers(few_rows) else onednn_copy(weight.detach(), batch_hint)
         module.forward = functools.partial(_packed_linear, packed, weight.detach(), bias, few_rows)
         count += 1
     logger.info("packed %d linear layers", count)
@@ -95,7 +95,7 @@ class JointLinear:
         weight = torch.cat([m.weight.detach() for m in linears])
         self.bias = None if linears[0].bias is None else torch.cat([m.bias.detach() for m in linears])
         self.few_rows = native_linear(weight, self.bias)
-        self.packed = None if _native_covers(self.few_rows) else _onednn(weight, BATCH_HINT)
+        self.packed = None if _native_covers(self.few_rows) else onednn_copy(weight)
         del weight  # only the packed copies are kept (large inputs use each linear's own weight)
         self.originals = [(m.weight.detach(), None if m.bias is None else m.bias.detach()) for m in linears]
 
@@ -109,7 +109,7 @@ class JointLinear:
             return self.few_rows(x)
         if self.packed is None:
             return torch.cat([F.linear(x, w, b) for w, b in self.originals], dim=-1)
-        return _pointwise(self.packed, self.bias, x)
+        return onednn_linear(self.packed, self.bias, x)
 
 
 def fuse_packed(*linears: nn.Module) -> JointLinear | QuantizedJoint | None:
@@ -178,7 +178,8 @@ def _native_covers(few_rows: Callable | None) -> bool:
     return few_rows is not None and NATIVE_MAX_ROWS >= PACKED_MAX_ROWS - 1
 
 
-def _onednn(weight: torch.Tensor, batch_hint: int) -> torch.Tensor:
+def onednn_copy(weight: torch.Tensor, batch_hint: int = BATCH_HINT) -> torch.Tensor:
+    """oneDNN's packed layout of `weight`, for `onednn_linear`."""
     return torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint)
 
 
@@ -196,11 +197,11 @@ def _blocks_found(k: int, threads: int) -> tuple[int, int] | None:
     kernels = native.weight_only_kernels()
     gen = torch.Generator().manual_seed(k)
     weight = torch.randn(PROBE_OUTPUTS, k, generator=gen)
-    onednn, panels = _onednn(weight, BATCH_HINT), kernels.pack_float(weight)
+    onednn, panels = onednn_copy(weight), kernels.pack_float(weight)
     found = []
     for rows in ((1,), (2, 5, NATIVE_MAX_ROWS)):
         inputs = [torch.randn(r, k, generator=gen) for r in rows]
-        wants = [torch.ops.mkldnn._linear_pointwise(x, onednn, None, "none", [], "") for x in inputs]
+        wants = [onednn_linear(onednn, None, x) for x in inputs]
         candidates = [b for b in (1024, 512, max(k, 1)) if b % 256 == 0 or b >= k]
         block = next((b for b in candidates if _sums_as(kernels, panels, b, inputs, wants)), None)
         if block is None:
@@ -240,8 +241,9 @@ def _packed_linear(
         return few_rows(x)
     if packed is None:
         return F.linear(x, weight, bias)
-    return _pointwise(packed, bias, x)
+    return onednn_linear(packed, bias, x)
 
 
-def _pointwise(packed: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+def onednn_linear(packed: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    """`x @ W.T + bias` on W's `onednn_copy`."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -125,7 +126,7 @@ class QuantizedLinear:
         self.out_features = int(weight.q.shape[0])
         self.path = kernel_path(weight.kind, dtype)
         self.dense_rows = dense_rows
-        self.dense = dense_copy(weight, dtype) if dense_rows > 0 else None
+        self.dense = dense_copy(weight, bias, dtype) if dense_rows > 0 else None
         if self.path == "native":
             kernels = native.weight_only_kernels()
             self.scale = weight.scale.float().contiguous()
@@ -149,7 +150,7 @@ class QuantizedLinear:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         if self.dense is not None and flat.shape[0] >= self.dense_rows:
-            out = _onednn_linear(flat.to(self.dtype), self.dense, self.bias)
+            out = self.dense(flat.to(self.dtype))
             return out.view(*shape[:-1], self.out_features).to(x.dtype)
         out = self.run(flat)
         if self.bias is not None:
@@ -165,10 +166,6 @@ class QuantizedLinear:
         return F.linear(flat.to(self.dtype), self.weight)
 
 
-def _onednn_linear(flat: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
-
-
 def _int4(kernel, q, scale, offset, flat: torch.Tensor) -> torch.Tensor:
     return kernel(flat.float().contiguous(), q, scale, offset)
 
@@ -177,14 +174,18 @@ def _int8(kernel, q, scale, flat: torch.Tensor) -> torch.Tensor:
     return kernel(flat.float().contiguous(), q, scale)
 
 
-def dense_copy(weight: WeightOnly, dtype: torch.dtype) -> torch.Tensor | None:
-    """oneDNN's packed layout of the dequantized weight in `dtype` (tuned for 32 rows); None where oneDNN
-    does not compute `dtype` natively here (an emulated bf16 GEMM is slower than the weight-only kernels)."""
-    from omnistage.stages.ar.loader import cpu_has_native
+def dense_copy(
+    weight: WeightOnly, bias: torch.Tensor | None, dtype: torch.dtype
+) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """`x → x @ W.T + b` on oneDNN's packed copy of the dequantized weight in `dtype` (packed_linear.py's);
+    None where packed_linear packs no `dtype` weights (an emulated bf16 GEMM is slower than the weight-only
+    kernels)."""
+    from omnistage.stages.ar.cpu import packed_linear  # it builds on this module: imported when used
 
-    if not torch.backends.mkldnn.is_available() or not (dtype is torch.float32 or cpu_has_native(dtype)):
+    if not packed_linear.packing_available() or dtype not in packed_linear.packable_dtypes():
         return None
-    return torch.ops.mkldnn._reorder_linear_weight(weight.dequantized().to(dtype), 32)
+    packed = packed_linear.onednn_copy(weight.dequantized().to(dtype))
+    return functools.partial(packed_linear.onednn_linear, packed, bias)
 
 
 def kernel_path(kind: str, dtype: torch.dtype) -> str:
