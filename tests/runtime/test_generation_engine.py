@@ -6,7 +6,7 @@ import torch
 from omnistage.config.deploy import StageDeploy
 from omnistage.config.pipeline import StageKind, StageSpec
 from omnistage.stages.base import EngineContext, StageRequest
-from omnistage.stages.generation.engine import GenerationEngine, create_engine, one_unit
+from omnistage.stages.generation.engine import GenerationEngine, create_engine, one_unit, window_by_window
 from omnistage.stages.generation.generation_inputs import GenerationInputs
 from tests.support.toy_stages import ToyVocoder
 
@@ -225,6 +225,47 @@ def test_a_first_chunk_overtakes_a_pass_in_progress():
 
     engine, order, _ = run(StepwiseVocoder(outputs_per_frame=2), abort=True)
     assert order == ["new", "a", "c"] and engine.stats()["num_requests"] == 0
+
+
+class WindowByWindowVocoder(ToyVocoder):
+    """ToyVocoder decoding its windows one after the other, each sent as soon as it is decoded."""
+
+    def run(self, batch):
+        return window_by_window(
+            lambda i: self.generate([batch.windows[i]], batch.params)[0], len(batch.windows)
+        )
+
+
+def test_each_window_of_a_pass_is_sent_as_soon_as_it_is_decoded():
+    """Of a pass of first chunks, a request's audio leaves after its own window, not after the pass: step k
+    sends request k's; the audio is the one-unit generator's; a request aborted before its window is decoded
+    gets nothing, one aborted after it was sent gets nothing more; the pass's slot is free at the end."""
+
+    def run(vocoder, abort=None):
+        engine = GenerationEngine(vocoder, chunk_size=2, left_context=1, right_context=1)
+        for i, rid in enumerate(("a", "b", "c")):
+            codes = torch.arange(i, i + 3)
+            engine.add_request(StageRequest(rid, inputs=GenerationInputs(codes), streaming_input=True))
+        steps = []
+        while engine.has_work():
+            if abort is not None and len(steps) == abort[1]:
+                engine.abort(abort[0])
+            steps.append(engine.step())
+        return engine, steps
+
+    engine, steps = run(WindowByWindowVocoder(outputs_per_frame=2))
+    assert [[o.request_id for o in step] for step in steps] == [["a"], ["b"], ["c"]]
+    assert engine.first_pass is None and engine.pass_ is None and engine.passes == 1
+    _, plain = run(ToyVocoder(outputs_per_frame=2))
+    assert [[o.request_id for o in step] for step in plain] == [["a", "b", "c"]]  # one unit: all at the end
+    sent = [o for step in steps for o in step]
+    for rid in ("a", "b", "c"):
+        assert torch.equal(joined(sent, rid), joined(plain[0], rid))
+    _, steps = run(WindowByWindowVocoder(outputs_per_frame=2), abort=("c", 1))
+    assert [[o.request_id for o in step] for step in steps] == [["a"], ["b"], []]
+    engine, steps = run(WindowByWindowVocoder(outputs_per_frame=2), abort=("a", 1))
+    assert [[o.request_id for o in step] for step in steps] == [["a"], ["b"], ["c"]]
+    assert "a" not in engine.requests and not any(s.in_flight for s in engine.requests.values())
 
 
 class RunningSum:

@@ -26,7 +26,7 @@ from omnistage.families.qwen3_omni.loaders import load_code2wav
 from omnistage.families.shared.codec_stage import CodecArgs, codec_engine
 from omnistage.families.shared.codec_stream import CodecStream
 from omnistage.stages.base import EngineContext
-from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine
+from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine, WindowDone, window_by_window
 
 SAMPLE_RATE = 24000
 
@@ -47,15 +47,16 @@ class Code2WavGenerator:
             probe = torch.zeros(1, code2wav.config.num_quantizers, 1, dtype=torch.long)
             self.tail = self.outputs_per_frame - code2wav(probe).shape[-1]
 
-    def run(self, batch: GenerationBatch) -> Steps[None, None, list[torch.Tensor]]:
-        """One window a unit: the engine may run a new request's first chunk between two windows of a pass."""
-        out = []
-        for i, (window, start, span) in enumerate(zip(batch.windows, batch.starts, batch.spans, strict=True)):
-            stream = None if batch.stream_ids is None else batch.stream_ids[i]
-            out.append(self._decode(window, start, span, stream))
-            if i + 1 < len(batch.windows):
-                yield
-        return out
+    def run(self, batch: GenerationBatch) -> Steps[WindowDone, None, list[torch.Tensor]]:
+        """One window a unit, each sent as soon as it is decoded: the engine may run a new request's first
+        chunk between two windows of a pass, and of a pass of first chunks each is heard after its own."""
+        ids = batch.stream_ids
+
+        def decode(i: int) -> torch.Tensor:
+            stream = None if ids is None else ids[i]
+            return self._decode(batch.windows[i], batch.starts[i], batch.spans[i], stream)
+
+        return window_by_window(decode, len(batch.windows))
 
     def _decode(
         self, window: torch.Tensor, start: int, span: tuple[int, int], stream: str | None

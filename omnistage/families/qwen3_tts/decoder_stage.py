@@ -20,7 +20,7 @@ from omnistage.families.qwen3_tts.codec import SUBFOLDER, CodecDecoder, StreamSt
 from omnistage.families.shared.codec_stage import CodecArgs, codec_engine
 from omnistage.stages.ar.loader import resolve_dtype
 from omnistage.stages.base import EngineContext
-from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine
+from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine, WindowDone, window_by_window
 
 SAMPLE_RATE = 24000
 
@@ -36,15 +36,14 @@ class CodecGenerator:
         self.outputs_per_frame = codec.total_upsample
         self.streams: dict[str, StreamState] = {}
 
-    def run(self, batch: GenerationBatch) -> Steps[None, None, list[torch.Tensor]]:
-        """One window a unit: the engine may run a new request's first chunk between two windows of a pass
-        (a pass holds up to max_num_seqs windows of 25 frames, seconds of work on one core)."""
-        out = []
-        for i, window in enumerate(batch.windows):
-            out.append(self._decode(window, None if batch.stream_ids is None else batch.stream_ids[i]))
-            if i + 1 < len(batch.windows):
-                yield
-        return out
+    def run(self, batch: GenerationBatch) -> Steps[WindowDone, None, list[torch.Tensor]]:
+        """One window a unit, each sent as soon as it is decoded: the engine may run a new request's first
+        chunk between two windows of a pass (a pass holds up to max_num_seqs windows of 25 frames, seconds of
+        work on one core), and of a pass of first chunks each is heard after its own decode."""
+        ids = batch.stream_ids
+        return window_by_window(
+            lambda i: self._decode(batch.windows[i], None if ids is None else ids[i]), len(batch.windows)
+        )
 
     def _decode(self, window: torch.Tensor, stream_id: str | None) -> torch.Tensor:
         if window.shape[0] == 0:

@@ -27,7 +27,9 @@ their own frames, and join into the one-pass output (up to float rounding) inste
 A generator that can pause (its `run` yields between units of work such as ODE steps) lets a request's
 first chunk overtake a long pass already running: the engine advances one unit per `step()`, and
 a first-chunk pass, when there is one, goes before the pass it interrupted (time to first audio waits for
-one unit of the longer pass, not all of it).
+one unit of the longer pass, not all of it). A generator that decodes its windows one after the other
+(`window_by_window`) yields each window's output as it is done, and the engine sends it at once: of eight
+first chunks in one pass, the first is heard after one window's decode, not eight.
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ class Generator(Protocol):
 
     The engine calls it one way: `run(batch)`, a Python generator that yields between units of work (ODE
     steps, sentences; a model without such units yields none: `one_unit`) and returns one output per
-    window. The engine advances one unit per step, so a more urgent pass can run in between.
+    window. The engine advances one unit per step, so a more urgent pass can run in between. A unit may
+    finish a window: it then yields `WindowDone` (`window_by_window`), whose output is sent right away.
 
     `emits_spans = True`: the outputs hold only each window's emitted frames (`batch.spans`), the context
     skipped; otherwise the engine cuts them out. A causal generator may carry state between calls: with
@@ -80,6 +83,28 @@ class Generator(Protocol):
     sample_rate: int | None
 
     def run(self, batch: GenerationBatch) -> Steps[None, None, list[torch.Tensor]]: ...
+
+
+@dataclasses.dataclass
+class WindowDone:
+    """Yielded by a generator's `run` when one window's output is final: sent before the pass ends."""
+
+    index: int
+    output: torch.Tensor
+
+
+def window_by_window(
+    decode: Callable[[int], torch.Tensor], count: int
+) -> Steps[WindowDone, None, list[torch.Tensor]]:
+    """`run` for a generator that decodes a batch's windows one after the other (`decode(i)`): a window a
+    unit, each window's output yielded as soon as it exists (its request hears it without waiting for the
+    pass's other windows), all of them returned at the end."""
+    outputs = []
+    for i in range(count):
+        outputs.append(decode(i))
+        if i + 1 < count:
+            yield WindowDone(i, outputs[i])
+    return outputs
 
 
 def one_unit(call: Any) -> Steps[None, None, list[torch.Tensor]]:
@@ -103,8 +128,9 @@ class _Pass:
 
     batch: list[tuple[str, _Request, int, int]]  # (request id, state, first frame, end frame)
     spans: list[tuple[int, int]]  # per window: (frames of left context, frames emitted)
-    steps: Steps[None, None, list[torch.Tensor]]
+    steps: Steps[WindowDone | None, None, list[torch.Tensor]]
     streaming: bool = False  # it holds a request whose input is still arriving
+    sent: set[int] = dataclasses.field(default_factory=set)  # windows whose output went out already
 
 
 @dataclasses.dataclass
@@ -281,10 +307,10 @@ class GenerationEngine:
         return _Pass(batch, spans, steps, streaming=any(not state.complete for _, state, _, _ in batch))
 
     def _advance(self, run: _Pass) -> list[StageOutput]:
-        """One unit of `run`; its outputs once it has finished."""
+        """One unit of `run`: the output of a window it finished, all the rest once the pass has ended."""
         try:
             with torch.inference_mode():
-                next(run.steps)
+                unit = next(run.steps)
         except StopIteration as done:
             results = done.value
         except BaseException:  # the worker fails the pass's requests; the slot must not stay taken
@@ -293,19 +319,35 @@ class GenerationEngine:
                 self._end_stream(rid)
             raise
         else:
-            return []
+            if not isinstance(unit, WindowDone):
+                return []
+            run.sent.add(unit.index)
+            out = self._window_output(run, unit.index, unit.output)
+            return [out] if out is not None else []
         self._release(run)
         self.passes += 1
-        per = self.generator.outputs_per_frame
-        emits_spans = getattr(self.generator, "emits_spans", False)
+        if len(results) != len(run.batch):
+            raise ValueError(f"the generator returned {len(results)} outputs for {len(run.batch)} windows")
         outputs = []
-        for (rid, state, _, end), result, (skip, count) in zip(run.batch, results, run.spans, strict=True):
-            if self.requests.get(rid) is not state:  # aborted while its pass ran
-                self._end_stream(rid)
-                continue
-            piece = result if emits_spans else result[skip * per : (skip + count) * per]
-            outputs.append(self._output(rid, state, end, piece))
+        for index, result in enumerate(results):
+            if index not in run.sent and (out := self._window_output(run, index, result)) is not None:
+                outputs.append(out)
         return outputs
+
+    def _window_output(self, run: _Pass, index: int, result: torch.Tensor) -> StageOutput | None:
+        """A pass's window's output for its request (None if the request was aborted while it ran)."""
+        rid, state, _, end = run.batch[index]
+        if self.requests.get(rid) is not state:  # aborted while its pass ran
+            self._end_stream(rid)
+            return None
+        skip, count = run.spans[index]
+        per = self.generator.outputs_per_frame
+        piece = (
+            result
+            if getattr(self.generator, "emits_spans", False)
+            else result[skip * per : (skip + count) * per]
+        )
+        return self._output(rid, state, end, piece)
 
     def _release(self, run: _Pass) -> None:
         if self.first_pass is run:
