@@ -29,7 +29,7 @@ from omnistage.families.shared.codec_stage import CodecArgs, codec_engine
 from omnistage.families.shared.codec_stream import CodecStream
 from omnistage.stages.ar.loader import resolve_dtype
 from omnistage.stages.base import EngineContext
-from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine, one_unit
+from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine, WindowDone, window_by_window
 
 PREFIX = "codec_model."
 # The checkpoint keeps Mimi's flat layout, `MimiModel` nests its decoder half under `decoder.` (transformers'
@@ -199,8 +199,15 @@ class CsmCodecGenerator:
         self.outputs_per_frame = samples_per_frame(codec)
         self.streams: dict[str, CodecStream] = {}
 
-    def run(self, batch: GenerationBatch) -> Steps[None, None, list[torch.Tensor]]:
-        return one_unit(lambda: self.generate(batch.windows, batch.params, batch.stream_ids))
+    def run(self, batch: GenerationBatch) -> Steps[WindowDone, None, list[torch.Tensor]]:
+        """A window a unit, each sent as soon as it is decoded."""
+        ids = batch.stream_ids
+
+        def decode(i: int) -> torch.Tensor:
+            stream = None if ids is None else [ids[i]]
+            return self.generate([batch.windows[i]], [batch.params[i]], stream)[0]
+
+        return window_by_window(decode, len(batch.windows))
 
     def generate(
         self, windows: list[torch.Tensor], params: list[Any], stream_ids: list[str] | None = None

@@ -27,7 +27,7 @@ from torch import nn
 from omnistage.families.shared.codec_stage import CodecArgs, codec_engine
 from omnistage.stages.ar.loader import resolve_dtype
 from omnistage.stages.base import EngineContext
-from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine, one_unit
+from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine, WindowDone, window_by_window
 
 
 def codec_dir(model_dir: str | Path) -> str:
@@ -96,8 +96,11 @@ class DiaCodecGenerator:
         self.outputs_per_frame = int(math.prod(codec.config.upsampling_ratios))
         self.delay_pattern, self.special = delay_pattern, special
 
-    def run(self, batch: GenerationBatch) -> Steps[None, None, list[torch.Tensor]]:
-        return one_unit(lambda: self.generate(batch.windows, batch.params))
+    def run(self, batch: GenerationBatch) -> Steps[WindowDone, None, list[torch.Tensor]]:
+        """A window a unit, each sent as soon as it is decoded."""
+        return window_by_window(
+            lambda i: self.generate([batch.windows[i]], [batch.params[i]])[0], len(batch.windows)
+        )
 
     def generate(self, windows: list[torch.Tensor], params: list[Any]) -> list[torch.Tensor]:
         device = next(self.codec.parameters()).device

@@ -26,7 +26,7 @@ import torch
 from omnistage.families.shared.codec_stage import CodecArgs, codec_engine
 from omnistage.stages.ar.loader import resolve_dtype
 from omnistage.stages.base import EngineContext
-from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine, one_unit
+from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine, WindowDone, window_by_window
 
 CODEC_DIR = "audio_tokenizer"
 
@@ -85,8 +85,11 @@ class HiggsCodecGenerator:
         self.outputs_per_frame = int(codec.config.hop_length)
         self.stream_ids = (1024, 1025)  # the talker's stream BOS and EOS codes (create_engine sets them)
 
-    def run(self, batch: GenerationBatch) -> Steps[None, None, list[torch.Tensor]]:
-        return one_unit(lambda: self.generate(batch.windows, batch.params))
+    def run(self, batch: GenerationBatch) -> Steps[WindowDone, None, list[torch.Tensor]]:
+        """A window a unit, each sent as soon as it is decoded."""
+        return window_by_window(
+            lambda i: self.generate([batch.windows[i]], [batch.params[i]])[0], len(batch.windows)
+        )
 
     def generate(self, windows: list[torch.Tensor], params: list[Any]) -> list[torch.Tensor]:
         device = next(self.codec.parameters()).device

@@ -22,7 +22,7 @@ import torch
 
 from omnistage.families.shared.codec_stage import CodecArgs, codec_engine
 from omnistage.stages.base import EngineContext
-from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine, one_unit
+from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine, WindowDone, window_by_window
 
 
 def load_vae(model_dir: str | Path, device: str = "cpu") -> Any:
@@ -97,8 +97,15 @@ class VoxVAEGenerator:
         self.streaming = StreamingVAEDecoder(vae)
         self.streams: dict[str, dict] = {}  # stream id → the decoder's carried conv inputs
 
-    def run(self, batch: GenerationBatch) -> Steps[None, None, list[torch.Tensor]]:
-        return one_unit(lambda: self.generate(batch.windows, batch.params, batch.stream_ids))
+    def run(self, batch: GenerationBatch) -> Steps[WindowDone, None, list[torch.Tensor]]:
+        """A window a unit, each sent as soon as it is decoded."""
+        ids = batch.stream_ids
+
+        def decode(i: int) -> torch.Tensor:
+            stream = None if ids is None else [ids[i]]
+            return self.generate([batch.windows[i]], [batch.params[i]], stream)[0]
+
+        return window_by_window(decode, len(batch.windows))
 
     def generate(
         self, windows: list[torch.Tensor], params: list[Any], stream_ids: list[str] | None = None

@@ -82,7 +82,7 @@ class Generator(Protocol):
     outputs_per_frame: int
     sample_rate: int | None
 
-    def run(self, batch: GenerationBatch) -> Steps[None, None, list[torch.Tensor]]: ...
+    def run(self, batch: GenerationBatch) -> Steps[WindowDone | None, None, list[torch.Tensor]]: ...
 
 
 @dataclasses.dataclass
