@@ -29,7 +29,12 @@ from omnistage.families.shared.codec_stage import CodecArgs, codec_engine
 from omnistage.families.shared.codec_stream import CodecStream
 from omnistage.stages.ar.loader import resolve_dtype
 from omnistage.stages.base import EngineContext
-from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine, WindowDone, window_by_window
+from omnistage.stages.generation.engine import (
+    GenerationBatch,
+    GenerationEngine,
+    WindowDone,
+    generate_by_window,
+)
 
 PREFIX = "codec_model."
 # The checkpoint keeps Mimi's flat layout, `MimiModel` nests its decoder half under `decoder.` (transformers'
@@ -201,13 +206,7 @@ class CsmCodecGenerator:
 
     def run(self, batch: GenerationBatch) -> Steps[WindowDone, None, list[torch.Tensor]]:
         """A window a unit, each sent as soon as it is decoded."""
-        ids = batch.stream_ids
-
-        def decode(i: int) -> torch.Tensor:
-            stream = None if ids is None else [ids[i]]
-            return self.generate([batch.windows[i]], [batch.params[i]], stream)[0]
-
-        return window_by_window(decode, len(batch.windows))
+        return generate_by_window(self.generate, batch)
 
     def generate(
         self, windows: list[torch.Tensor], params: list[Any], stream_ids: list[str] | None = None

@@ -27,7 +27,12 @@ from torch import nn
 from omnistage.families.shared.codec_stage import CodecArgs, codec_engine
 from omnistage.stages.ar.loader import resolve_dtype
 from omnistage.stages.base import EngineContext
-from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine, WindowDone, window_by_window
+from omnistage.stages.generation.engine import (
+    GenerationBatch,
+    GenerationEngine,
+    WindowDone,
+    generate_by_window,
+)
 
 
 def codec_dir(model_dir: str | Path) -> str:
@@ -98,9 +103,7 @@ class DiaCodecGenerator:
 
     def run(self, batch: GenerationBatch) -> Steps[WindowDone, None, list[torch.Tensor]]:
         """A window a unit, each sent as soon as it is decoded."""
-        return window_by_window(
-            lambda i: self.generate([batch.windows[i]], [batch.params[i]])[0], len(batch.windows)
-        )
+        return generate_by_window(self.generate, batch)
 
     def generate(self, windows: list[torch.Tensor], params: list[Any]) -> list[torch.Tensor]:
         device = next(self.codec.parameters()).device

@@ -26,7 +26,12 @@ import torch
 from omnistage.families.shared.codec_stage import CodecArgs, codec_engine
 from omnistage.stages.ar.loader import resolve_dtype
 from omnistage.stages.base import EngineContext
-from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine, WindowDone, window_by_window
+from omnistage.stages.generation.engine import (
+    GenerationBatch,
+    GenerationEngine,
+    WindowDone,
+    generate_by_window,
+)
 
 CODEC_DIR = "audio_tokenizer"
 
@@ -87,9 +92,7 @@ class HiggsCodecGenerator:
 
     def run(self, batch: GenerationBatch) -> Steps[WindowDone, None, list[torch.Tensor]]:
         """A window a unit, each sent as soon as it is decoded."""
-        return window_by_window(
-            lambda i: self.generate([batch.windows[i]], [batch.params[i]])[0], len(batch.windows)
-        )
+        return generate_by_window(self.generate, batch)
 
     def generate(self, windows: list[torch.Tensor], params: list[Any]) -> list[torch.Tensor]:
         device = next(self.codec.parameters()).device

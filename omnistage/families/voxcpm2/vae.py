@@ -22,7 +22,12 @@ import torch
 
 from omnistage.families.shared.codec_stage import CodecArgs, codec_engine
 from omnistage.stages.base import EngineContext
-from omnistage.stages.generation.engine import GenerationBatch, GenerationEngine, WindowDone, window_by_window
+from omnistage.stages.generation.engine import (
+    GenerationBatch,
+    GenerationEngine,
+    WindowDone,
+    generate_by_window,
+)
 
 
 def load_vae(model_dir: str | Path, device: str = "cpu") -> Any:
@@ -99,13 +104,7 @@ class VoxVAEGenerator:
 
     def run(self, batch: GenerationBatch) -> Steps[WindowDone, None, list[torch.Tensor]]:
         """A window a unit, each sent as soon as it is decoded."""
-        ids = batch.stream_ids
-
-        def decode(i: int) -> torch.Tensor:
-            stream = None if ids is None else [ids[i]]
-            return self.generate([batch.windows[i]], [batch.params[i]], stream)[0]
-
-        return window_by_window(decode, len(batch.windows))
+        return generate_by_window(self.generate, batch)
 
     def generate(
         self, windows: list[torch.Tensor], params: list[Any], stream_ids: list[str] | None = None

@@ -107,6 +107,20 @@ def window_by_window(
     return outputs
 
 
+def generate_by_window(
+    generate: Callable[..., list[torch.Tensor]], batch: GenerationBatch
+) -> Steps[WindowDone, None, list[torch.Tensor]]:
+    """`window_by_window` over a `generate(windows, params[, stream_ids])` that decodes each window on its
+    own: called with one window at a time (and its stream id, where the batch continues streams)."""
+    ids = batch.stream_ids
+
+    def decode(i: int) -> torch.Tensor:
+        streams = () if ids is None else ([ids[i]],)
+        return generate([batch.windows[i]], [batch.params[i]], *streams)[0]
+
+    return window_by_window(decode, len(batch.windows))
+
+
 def one_unit(call: Any) -> Steps[None, None, list[torch.Tensor]]:
     """`run` for a generator whose whole call is one unit of work: `call()`'s outputs, yielding nothing."""
     return call()
